@@ -1,0 +1,266 @@
+// Ampere-path attention forward: cp.async K/V pipeline, ldmatrix, mma.sync through TiledMma.
+//
+// One CTA computes O for kBlockM query rows of one (batch, head). Key blocks are visited from
+// the last to the first, so the blocks that need masking (the seqlen_k tail and, with causal,
+// the blocks crossing the diagonal) come first and the unmasked bulk runs without mask code.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/arch/copy_sm80.hpp>
+
+#include "fragment_views.h"
+#include "kernel_params.h"
+#include "mask.h"
+#include "online_softmax.h"
+
+namespace flashcute::ampere {
+
+// acc += A·B over the K mode, operands read from shared memory one k-slice at a time. With
+// kLookahead the next slice is read before the current one is multiplied (hides ldmatrix
+// latency at the cost of a second slice of registers). A is not read when it already sits in
+// registers.
+template <bool kAInRegs, bool kLookahead, class Acc, class FragA, class FragB, class SmemA,
+          class ViewA, class SmemB, class ViewB, class TiledMma, class CopyA, class CopyB>
+CUTE_DEVICE void gemm_from_smem(Acc& acc, FragA const& frag_a, FragB const& frag_b,
+                                SmemA const& smem_a, ViewA&& view_a, SmemB const& smem_b,
+                                ViewB&& view_b, TiledMma const& mma, CopyA const& copy_a,
+                                CopyB const& copy_b) {
+  using namespace cute;
+  constexpr int kSlices = decltype(size<2>(frag_a))::value;
+  auto load_slice = [&](int k) {
+    if constexpr (!kAInRegs) copy(copy_a, smem_a(_, _, k), view_a(_, _, k));
+    copy(copy_b, smem_b(_, _, k), view_b(_, _, k));
+  };
+  if constexpr (kLookahead) load_slice(0);
+  CUTE_UNROLL
+  for (int k = 0; k < kSlices; ++k) {
+    if constexpr (kLookahead) {
+      if (k + 1 < kSlices) load_slice(k + 1);
+    } else {
+      load_slice(k);
+    }
+    gemm(mma, frag_a(_, _, k), frag_b(_, _, k), acc);
+  }
+}
+
+// Global -> shared copy of a (rows, headdim) tile whose rows past `valid_rows` are zero-filled
+// (zeros, not garbage: padded V rows meet P = 0, and 0 * NaN would poison the output).
+template <bool kPredicated, class TiledCopy, class Src, class Dst, class Coords>
+CUTE_DEVICE void load_tile(TiledCopy const& tiled_copy, Src const& src, Dst&& dst,
+                           Coords const& coords, int valid_rows) {
+  using namespace cute;
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(dst); ++m) {
+    if (!kPredicated || get<0>(coords(0, m, 0)) < valid_rows) {
+      copy(tiled_copy, src(_, m, _), dst(_, m, _));
+    } else {
+      clear(dst(_, m, _));
+    }
+  }
+}
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNThreads, 1)
+    fwd_kernel(__grid_constant__ const FwdKernelParams params) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kStages = Traits::kStages;
+  using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
+  using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
+
+  extern __shared__ __align__(128) char smem_raw[];
+  Element* smem = reinterpret_cast<Element*>(smem_raw);
+  // [stage 0][Q | stages 1..] when Q moves to registers, else [Q][stage 0][stages 1..].
+  Element* smem_q = Traits::kQInRegs ? smem + Traits::kStageElems : smem;
+  auto stage_k = [&](int stage) {
+    Element* base = Traits::kQInRegs
+                        ? (stage == 0 ? smem : smem_q + (stage - 1) * Traits::kStageElems)
+                        : smem + Traits::kQElems + stage * Traits::kStageElems;
+    return base;
+  };
+
+  const int tid = threadIdx.x;
+  // Causal CTAs with more keys come first, so the longest work does not trail the grid.
+  const int m_block = params.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int kv_head = head / params.heads_per_kv;
+  const int row0 = m_block * kBlockM;
+  const int seqlen_q = params.seqlen_q;
+  const int seqlen_k = params.seqlen_k;
+
+  // Key blocks [0, n_end) hold a key some row of this CTA may see; blocks >= n_unmasked need
+  // the mask for at least one row.
+  const int diagonal_offset = seqlen_k - seqlen_q;
+  const int n_blocks_k = (seqlen_k + kBlockN - 1) / kBlockN;
+  int n_end = n_blocks_k;
+  int unmasked_keys = seqlen_k;
+  if (params.causal) {
+    const int key_bound = min(row0 + kBlockM, seqlen_q) + diagonal_offset;
+    n_end = key_bound <= 0 ? 0 : min(n_blocks_k, (key_bound + kBlockN - 1) / kBlockN);
+    unmasked_keys = max(0, min(seqlen_k, row0 + diagonal_offset + 1));
+  }
+  const int n_unmasked = unmasked_keys / kBlockN;
+
+  const Element* q_base = static_cast<const Element*>(params.q) + batch * params.q_batch_stride +
+                          head * params.q_head_stride + int64_t(row0) * params.q_row_stride;
+  const Element* k_base = static_cast<const Element*>(params.k) + batch * params.k_batch_stride +
+                          kv_head * params.k_head_stride;
+  const Element* v_base = static_cast<const Element*>(params.v) + batch * params.v_batch_stride +
+                          kv_head * params.v_head_stride;
+
+  Tensor gQ = make_tensor(make_gmem_ptr(q_base), TileQ{}, make_stride(params.q_row_stride, _1{}));
+  Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQ{});
+
+  typename Traits::GmemTiledCopyLoad gmem_copy;
+  auto gmem_thr_copy = gmem_copy.get_thread_slice(tid);
+  Tensor cQ = gmem_thr_copy.partition_S(make_identity_tensor(TileQ{}));
+  Tensor cKV = gmem_thr_copy.partition_S(make_identity_tensor(TileKV{}));
+
+  // Issues the cp.async copies of key block n into a pipeline stage.
+  auto load_kv = [&](int n, int stage) {
+    Element* sk_ptr = stage_k(stage);
+    Tensor sK = make_tensor(make_smem_ptr(sk_ptr), typename Traits::SmemLayoutKV{});
+    Tensor sV = make_tensor(make_smem_ptr(sk_ptr + Traits::kKVElems), typename Traits::SmemLayoutKV{});
+    const int64_t row = int64_t(n) * kBlockN;
+    Tensor gK = make_tensor(make_gmem_ptr(k_base + row * params.k_row_stride), TileKV{},
+                            make_stride(params.k_row_stride, _1{}));
+    Tensor gV = make_tensor(make_gmem_ptr(v_base + row * params.v_row_stride), TileKV{},
+                            make_stride(params.v_row_stride, _1{}));
+    Tensor tKgK = gmem_thr_copy.partition_S(gK);
+    Tensor tKsK = gmem_thr_copy.partition_D(sK);
+    Tensor tVgV = gmem_thr_copy.partition_S(gV);
+    Tensor tVsV = gmem_thr_copy.partition_D(sV);
+    const int valid = seqlen_k - n * kBlockN;
+    if (valid < kBlockN) {
+      load_tile<true>(gmem_copy, tKgK, tKsK, cKV, valid);
+      load_tile<true>(gmem_copy, tVgV, tVsV, cKV, valid);
+    } else {
+      load_tile<false>(gmem_copy, tKgK, tKsK, cKV, valid);
+      load_tile<false>(gmem_copy, tVgV, tVsV, cKV, valid);
+    }
+  };
+
+  typename Traits::TiledMma tiled_mma;
+  auto thr_mma = tiled_mma.get_thread_slice(tid);
+  auto smem_copy_q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma);
+  auto smem_copy_k = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, tiled_mma);
+  auto smem_copy_v = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, tiled_mma);
+  auto smem_thr_copy_q = smem_copy_q.get_thread_slice(tid);
+  auto smem_thr_copy_k = smem_copy_k.get_thread_slice(tid);
+  auto smem_thr_copy_v = smem_copy_v.get_thread_slice(tid);
+
+  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);
+  Tensor tSsQ = smem_thr_copy_q.partition_S(sQ);
+  Tensor tSrQ_view = smem_thr_copy_q.retile_D(tSrQ);
+  Tensor tSrK = thr_mma.partition_fragment_B(
+      make_tensor(make_smem_ptr(smem), typename Traits::SmemLayoutKV{}));
+  Tensor tOrVt = thr_mma.partition_fragment_B(
+      make_tensor(make_smem_ptr(smem), typename Traits::SmemLayoutVt{}));
+  Tensor tSrK_view = smem_thr_copy_k.retile_D(tSrK);
+  Tensor tOrVt_view = smem_thr_copy_v.retile_D(tOrVt);
+
+  Tensor acc_o = partition_fragment_C(tiled_mma, TileQ{});
+  clear(acc_o);
+  Tensor acc_o_rc = rowcol_view(acc_o);
+  constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
+  OnlineSoftmax<kRows> softmax(params.scale_log2);
+  const BlockMask mask{seqlen_k, diagonal_offset, params.causal};
+  Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  Tensor tScS_rc = make_tensor(tScS.data(), rowcol_layout(tScS.layout()));
+
+  // Prologue: Q, then the first kStages-1 key blocks.
+  load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gQ), gmem_thr_copy.partition_D(sQ), cQ,
+                  seqlen_q - row0);
+  cp_async_fence();
+  int n = n_end - 1;
+  if (n >= 0) load_kv(n, 0);
+  cp_async_fence();
+  if constexpr (Traits::kQInRegs) {
+    cp_async_wait<1>();
+    __syncthreads();
+    copy(smem_copy_q, tSsQ, tSrQ_view);
+    __syncthreads();  // Q's smem is stage 1 from here on
+  }
+  CUTE_UNROLL
+  for (int s = 1; s < kStages - 1; ++s) {
+    if (n - s >= 0) load_kv(n - s, s);
+    cp_async_fence();
+  }
+
+  int stage = 0;
+  auto process_block = [&](int n_block, auto masked) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // block n_block visible; every warp is done with the stage refilled next
+    const int refill = n_block - (kStages - 1);
+    const int refill_stage = stage == 0 ? kStages - 1 : stage - 1;
+    if (refill >= 0) load_kv(refill, refill_stage);
+    cp_async_fence();
+
+    Element* sk_ptr = stage_k(stage);
+    Tensor sK = make_tensor(make_smem_ptr(sk_ptr), typename Traits::SmemLayoutKV{});
+    Tensor sVt = make_tensor(make_smem_ptr(sk_ptr + Traits::kKVElems), typename Traits::SmemLayoutVt{});
+
+    Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    clear(acc_s);
+    gemm_from_smem<Traits::kQInRegs, true>(acc_s, tSrQ, tSrK, tSsQ, tSrQ_view,
+                                     smem_thr_copy_k.partition_S(sK), tSrK_view, tiled_mma,
+                                     smem_copy_q, smem_copy_k);
+    Tensor acc_s_rc = rowcol_view(acc_s);
+    if constexpr (decltype(masked)::value) mask.apply(acc_s_rc, tScS_rc, row0, n_block * kBlockN);
+    softmax.update(acc_s_rc, acc_o_rc);
+
+    Tensor p = convert_fragment<Element>(acc_s);
+    Tensor tOrP = make_tensor(p.data(), acc_to_a_operand_layout(p.layout()));
+    gemm_from_smem<true, (kHeadDim <= 128)>(acc_o, tOrP, tOrVt, tOrP, tOrP, smem_thr_copy_v.partition_S(sVt),
+                         tOrVt_view, tiled_mma, smem_copy_v, smem_copy_v);
+    stage = stage + 1 == kStages ? 0 : stage + 1;
+  };
+
+  for (; n >= 0 && n >= n_unmasked; --n) process_block(n, cute::true_type{});
+  for (; n >= 0; --n) process_block(n, cute::false_type{});
+
+  // Epilogue: normalize, stage O through shared memory for 16-byte row stores, write LSE.
+  float lse[kRows];
+  softmax.finalize(acc_o_rc, lse);
+  Tensor o = convert_fragment<Element>(acc_o);
+  cp_async_wait<0>();
+  __syncthreads();  // O reuses Q's smem, which may have been a K/V stage
+
+  Tensor sO = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutO{});
+  auto smem_copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, tiled_mma);
+  auto smem_thr_copy_o = smem_copy_o.get_thread_slice(tid);
+  copy(smem_copy_o, smem_thr_copy_o.retile_S(o), smem_thr_copy_o.partition_D(sO));
+
+  if (params.lse != nullptr && tid % 4 == 0) {
+    float* lse_base = params.lse + batch * params.lse_batch_stride + head * params.lse_head_stride;
+    Tensor tOcO = thr_mma.partition_C(make_identity_tensor(TileQ{}));
+    Tensor tOcO_rc = make_tensor(tOcO.data(), rowcol_layout(tOcO.layout()));
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int row = row0 + get<0>(tOcO_rc(r, 0));
+      if (row < seqlen_q) lse_base[row] = lse[r];
+    }
+  }
+  __syncthreads();
+
+  Element* o_base = static_cast<Element*>(params.out) + batch * params.out_batch_stride +
+                    head * params.out_head_stride + int64_t(row0) * params.out_row_stride;
+  Tensor gO = make_tensor(make_gmem_ptr(o_base), TileQ{}, make_stride(params.out_row_stride, _1{}));
+  typename Traits::GmemTiledCopyStore gmem_copy_o;
+  auto gmem_thr_copy_o = gmem_copy_o.get_thread_slice(tid);
+  Tensor tOsO = gmem_thr_copy_o.partition_S(sO);
+  Tensor tOgO = gmem_thr_copy_o.partition_D(gO);
+  Tensor tOrO = make_fragment_like(tOsO);
+  copy(gmem_copy_o, tOsO, tOrO);
+  Tensor tOcO = gmem_thr_copy_o.partition_D(make_identity_tensor(TileQ{}));
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(tOgO); ++m) {
+    if (row0 + get<0>(tOcO(0, m, 0)) < seqlen_q) copy(gmem_copy_o, tOrO(_, m, _), tOgO(_, m, _));
+  }
+}
+
+}  // namespace flashcute::ampere

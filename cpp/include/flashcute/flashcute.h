@@ -1,0 +1,91 @@
+// flashcute public C++ API: exact softmax attention (FlashAttention-style fused kernels).
+//
+// Every entry point validates its arguments and returns a Status; none aborts, throws or
+// allocates device memory. Launches go on the stream the caller puts in the params.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#if defined(_WIN32)
+#define FLASHCUTE_API
+#else
+#define FLASHCUTE_API __attribute__((visibility("default")))
+#endif
+
+namespace flashcute {
+
+enum class DType : int32_t { kFloat16 = 0, kBFloat16 = 1 };
+
+// Which kernel family runs the call. kAuto picks by the device's compute capability.
+enum class Backend : int32_t { kAuto = 0, kAmpere = 1, kHopper = 2 };
+
+enum class StatusCode : int32_t {
+  kOk = 0,
+  kInvalidArgument = 1,  // shapes, strides, pointers or scalars the kernels cannot take
+  kNotSupported = 2,     // valid request, but no kernel for it was compiled or exists
+  kNoDevice = 3,         // no CUDA driver or no GPU
+  kCudaError = 4,        // a CUDA runtime call or a launch failed
+};
+
+struct Status {
+  StatusCode code = StatusCode::kOk;
+  char message[512] = {0};
+  bool ok() const { return code == StatusCode::kOk; }
+};
+
+// Forward attention over tensors of layout (batch, seqlen, heads, headdim). Strides are in
+// elements; the headdim stride is 1. K and V have nheads_kv heads, nheads % nheads_kv == 0.
+struct AttentionForwardParams {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;   // same dtype as q
+  float* lse = nullptr;  // optional: (batch, nheads, seqlen_q) float32, natural log
+
+  int64_t batch = 0;
+  int64_t seqlen_q = 0;
+  int64_t seqlen_k = 0;
+  int64_t nheads = 0;
+  int64_t nheads_kv = 0;
+  int64_t headdim = 0;
+
+  int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
+  int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
+  int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
+  int64_t out_batch_stride = 0, out_row_stride = 0, out_head_stride = 0;
+  int64_t lse_batch_stride = 0, lse_head_stride = 0;  // lse row stride is 1
+
+  float softmax_scale = 0.f;  // applied to q·kᵀ before the softmax
+  bool causal = false;        // bottom-right aligned when seqlen_q != seqlen_k
+  DType dtype = DType::kFloat16;
+  int device = -1;            // CUDA device of the pointers; -1: the current device
+  cudaStream_t stream = nullptr;
+};
+
+// Runs the forward pass. Rows with no key to attend to produce zeros and lse = -inf.
+FLASHCUTE_API Status attention_forward(const AttentionForwardParams& params, Backend backend = Backend::kAuto);
+
+// Compute capability of `device` as major * 10 + minor, in *capability.
+FLASHCUTE_API Status device_capability(int device, int* capability);
+
+// Waits for all work on `stream` of `device` (-1: the current device).
+FLASHCUTE_API Status synchronize_stream(int device, cudaStream_t stream);
+
+// Which backend kAuto resolves to on a device of the given capability (kAmpere or kHopper).
+FLASHCUTE_API Backend default_backend(int capability);
+
+// What this build of the library contains.
+struct BuildInfo {
+  const char* version;
+  const char* cuda_archs;         // e.g. "80;90;90a"
+  const char* ampere_head_dims;   // e.g. "32;64;96;128;192;256", empty when not built
+  const char* ampere_dtypes;      // e.g. "float16;bfloat16"
+  const char* hopper_head_dims;
+  const char* hopper_dtypes;
+  int cuda_runtime_version;       // CUDART_VERSION the library was built against
+};
+FLASHCUTE_API BuildInfo build_info();
+
+}  // namespace flashcute

@@ -1,0 +1,88 @@
+// Online softmax over key blocks (FlashAttention-2 style): a running row max and a running
+// row sum per query row; the output accumulator is rescaled when the max grows, and divided
+// by the row sum only once, after the last key block.
+//
+// Scores enter unscaled. exp2(s * scale_log2 - max * scale_log2) folds the softmax scale and
+// the change of base into one FMA. Row values are spread over the 4 threads of an MMA quad,
+// so row reductions finish with two butterfly shuffles.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+namespace flashcute {
+
+CUTE_DEVICE float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+CUTE_DEVICE float quad_allreduce_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
+}
+
+CUTE_DEVICE float quad_allreduce_sum(float x) {
+  x += __shfl_xor_sync(0xffffffff, x, 1);
+  return x + __shfl_xor_sync(0xffffffff, x, 2);
+}
+
+template <int kRows>
+struct OnlineSoftmax {
+  float row_max[kRows];
+  float row_sum[kRows];  // partial: this thread's columns only, until finalize()
+  float scale_log2;
+
+  CUTE_DEVICE explicit OnlineSoftmax(float scale_log2_) : scale_log2(scale_log2_) {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0.f;
+  }
+
+  // scores_rc (kRows, cols): raw scores of one key block, replaced by their exp2 weights.
+  // acc_rc (kRows, headdim cols): output accumulator, rescaled to the new row max.
+  template <class Scores, class Acc>
+  CUTE_DEVICE void update(Scores& scores_rc, Acc& acc_rc) {
+    static_assert(decltype(cute::size<0>(scores_rc))::value == kRows);
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float block_max = row_max[r];
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(scores_rc); ++c) block_max = fmaxf(block_max, scores_rc(r, c));
+      block_max = quad_allreduce_max(block_max);
+      // A row fully masked so far keeps max -inf; subtract 0 then, so exp2 gives 0, not NaN.
+      const float max_scaled = block_max == -INFINITY ? 0.f : block_max * scale_log2;
+      // Before the first key block row_max is -inf and the correction is exp2(-inf) = 0.
+      const float correction = fast_exp2(row_max[r] * scale_log2 - max_scaled);
+      row_sum[r] *= correction;
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(acc_rc); ++c) acc_rc(r, c) *= correction;
+      row_max[r] = block_max;
+      float sum = 0.f;
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(scores_rc); ++c) {
+        const float p = fast_exp2(fmaf(scores_rc(r, c), scale_log2, -max_scaled));
+        scores_rc(r, c) = p;
+        sum += p;
+      }
+      row_sum[r] += sum;
+    }
+  }
+
+  // Divides the accumulator by the row sums; returns natural-log LSE per row in lse[].
+  // Rows that saw no key get 0 output and lse = -inf.
+  template <class Acc>
+  CUTE_DEVICE void finalize(Acc& acc_rc, float (&lse)[kRows]) {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const float sum = quad_allreduce_sum(row_sum[r]);
+      const bool empty = sum == 0.f || sum != sum;
+      const float inv = empty ? 0.f : 1.f / sum;
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(acc_rc); ++c) acc_rc(r, c) *= inv;
+      constexpr float kLn2 = 0.6931471805599453f;
+      lse[r] = empty ? -INFINITY : (row_max[r] * scale_log2 + log2f(sum)) * kLn2;
+    }
+  }
+};
+
+}  // namespace flashcute

@@ -1,0 +1,44 @@
+"""flashcute: fused exact-softmax attention kernels for CUDA GPUs, behind DLPack.
+
+``flashcute.attention`` takes torch, cupy or jax tensors of layout
+(batch, seqlen, heads, headdim). ``flashcute.reference`` is a plain-PyTorch implementation
+of the same semantics for testing. ``import flashcute`` and ``flashcute.reference`` work even
+when the compiled extension ``flashcute._C`` is missing; ``attention`` and ``build_info``
+then raise ImportError.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from importlib import metadata as _metadata
+from types import ModuleType
+
+from ._build_info import build_info
+from .attention import attention
+
+try:
+    __version__: str = _metadata.version("flashcute")
+except _metadata.PackageNotFoundError:
+    __version__ = "0.1.0"
+
+__all__ = ["__version__", "attention", "build_info", "cmake_prefix_path", "reference"]
+
+
+def cmake_prefix_path() -> str:
+    """Directory to put on CMAKE_PREFIX_PATH so that ``find_package(flashcute)`` works.
+
+    The package installs ``lib/cmake/flashcute/flashcuteConfig.cmake`` under its own
+    directory, which is returned. For example::
+
+        prefix=$(python -c "import flashcute; print(flashcute.cmake_prefix_path())")
+        cmake -DCMAKE_PREFIX_PATH="$prefix" ...
+    """
+    return os.path.dirname(os.path.abspath(__file__))
+
+
+def __getattr__(name: str) -> ModuleType:
+    # flashcute.reference needs torch; import it only when it is asked for.
+    if name == "reference":
+        return importlib.import_module(".reference", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

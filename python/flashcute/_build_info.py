@@ -1,0 +1,77 @@
+"""Access to the compiled extension ``flashcute._C`` and to what it was built with."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib
+from types import ModuleType
+from typing import Any
+
+BACKEND_NAMES = ("ampere", "hopper")
+
+
+def load_extension() -> ModuleType:
+    """Import and return ``flashcute._C``.
+
+    Raises:
+        ImportError: the extension is not built or fails to load; the message says how to
+            reinstall. The pure-Python parts of the package (``flashcute.reference``) keep
+            working without it.
+    """
+    try:
+        return importlib.import_module("flashcute._C")
+    except ImportError as exc:
+        raise ImportError(
+            "flashcute: the compiled extension flashcute._C is missing or failed to load "
+            f"({exc}); reinstall the package with `pip install .` from the source tree"
+        ) from exc
+
+
+def _split(value: str) -> list[str]:
+    return [item.strip() for item in value.split(";") if item.strip()]
+
+
+def _head_dims(value: str, key: str) -> list[int]:
+    try:
+        return sorted(int(item) for item in _split(value))
+    except ValueError as exc:
+        raise RuntimeError(f"flashcute._C.build_info(): malformed {key} {value!r}") from exc
+
+
+@functools.lru_cache(maxsize=1)
+def _cached_build_info() -> dict[str, Any]:
+    raw = load_extension().build_info()
+    return {
+        "version": str(raw["version"]),
+        "cuda_archs": _split(raw["cuda_archs"]),
+        "cuda_runtime_version": int(raw["cuda_runtime_version"]),
+        "backends": {
+            name: {
+                "head_dims": _head_dims(raw[f"{name}_head_dims"], f"{name}_head_dims"),
+                "dtypes": _split(raw[f"{name}_dtypes"]),
+            }
+            for name in BACKEND_NAMES
+        },
+    }
+
+
+def build_info() -> dict[str, Any]:
+    """Describe what this build of the compiled library contains.
+
+    Returns:
+        A new dict with keys ``"version"`` (str), ``"cuda_archs"`` (list of str such as
+        ``["80", "90a"]``), ``"cuda_runtime_version"`` (int, the CUDART_VERSION built
+        against) and ``"backends"``: ``{"ampere": {"head_dims": [...], "dtypes": [...]},
+        "hopper": {...}}``. A backend that was not built has empty lists.
+
+    Raises:
+        ImportError: the compiled extension is missing.
+    """
+    return copy.deepcopy(_cached_build_info())
+
+
+def backend_support(backend: str) -> tuple[list[int], list[str]]:
+    """(head dims, dtypes) compiled for ``backend`` ("ampere" or "hopper")."""
+    info = _cached_build_info()["backends"][backend]
+    return info["head_dims"], info["dtypes"]

@@ -1,0 +1,86 @@
+"""Which kernel family (backend) runs a call, from the request, the GPU and the build."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ._build_info import BACKEND_NAMES, backend_support, load_extension
+
+_MIN_CAPABILITY = {"ampere": 80, "hopper": 90}
+
+
+def _sm(capability: int) -> str:
+    return f"sm{capability}"
+
+
+def _compiled_for(backend: str, headdim: Optional[int], dtype: Optional[str]) -> Optional[str]:
+    """Why ``backend`` cannot run this head dim / dtype in this build, or None if it can."""
+    head_dims, dtypes = backend_support(backend)
+    if not head_dims or not dtypes:
+        return f"the {backend.capitalize()} path is not built in this version"
+    if headdim is not None and headdim not in head_dims:
+        compiled = ", ".join(map(str, head_dims))
+        return f"head dim {headdim} is not compiled in this build (compiled: {compiled})"
+    if dtype is not None and dtype not in dtypes:
+        return f"dtype {dtype} is not compiled in this build (compiled: {', '.join(dtypes)})"
+    return None
+
+
+def _runs_on(backend: str, capability: int) -> bool:
+    if backend == "hopper":
+        return capability == 90  # sm90a kernels run on sm90 only
+    return capability >= _MIN_CAPABILITY[backend]
+
+
+def choose_backend(
+    requested: Optional[str],
+    capability: int,
+    *,
+    headdim: Optional[int] = None,
+    dtype: Optional[str] = None,
+) -> int:
+    """Resolve a backend request to one of ``_C.BACKEND_AMPERE`` / ``_C.BACKEND_HOPPER``.
+
+    Args:
+        requested: None (pick by the GPU), "ampere" or "hopper".
+        capability: the GPU's compute capability, major * 10 + minor (86 for sm86).
+        headdim, dtype: when given, the chosen backend must have kernels compiled for them.
+
+    With ``requested=None`` the GPU's default backend (``_C.default_backend``) is used; when
+    this build lacks kernels for the head dim / dtype there, the other backend is used if
+    it has them and runs on this GPU.
+
+    Raises:
+        ValueError: an unknown backend name, or a backend that cannot run this GPU, head dim
+            or dtype in this build.
+        RuntimeError: the GPU is older than sm80 (no backend can run on it).
+        ImportError: the compiled extension is missing.
+    """
+    ext = load_extension()
+    codes = {"ampere": ext.BACKEND_AMPERE, "hopper": ext.BACKEND_HOPPER}
+    if requested is not None and requested not in BACKEND_NAMES:
+        raise ValueError(f"backend: expected None, 'ampere' or 'hopper', got {requested!r}")
+
+    if requested is None:
+        if capability < _MIN_CAPABILITY["ampere"]:
+            raise RuntimeError(
+                f"flashcute needs an sm80 or newer GPU (Ampere, Ada, Hopper); "
+                f"this is {_sm(capability)}"
+            )
+        default = str(ext.default_backend(capability))
+        candidates = [default] + [b for b in BACKEND_NAMES if b != default]
+        for backend in candidates:
+            if _runs_on(backend, capability) and _compiled_for(backend, headdim, dtype) is None:
+                return codes[backend]
+        reason = _compiled_for(default, headdim, dtype)
+        raise ValueError(f"backend={default!r} (the default on {_sm(capability)}): {reason}")
+
+    reason = _compiled_for(requested, None, None)
+    if reason is None and not _runs_on(requested, capability):
+        need = "an sm90 GPU" if requested == "hopper" else "an sm80 or newer GPU"
+        reason = f"requires {need}, this is {_sm(capability)}"
+    if reason is None:
+        reason = _compiled_for(requested, headdim, dtype)
+    if reason is not None:
+        raise ValueError(f"backend={requested!r}: {reason}")
+    return codes[requested]

@@ -1,0 +1,240 @@
+"""Adapters for the array frameworks whose tensors flashcute can allocate and launch for.
+
+A framework is recognised by the type of the object, only when that framework's module is
+already imported (``sys.modules``); nothing here imports torch, cupy or jax on its own.
+
+Each adapter knows how to
+  * allocate (``empty``, ``full``) on the device of an existing array, through the
+    framework's own allocator;
+  * name the caller's current CUDA stream (``stream``), on which the kernel is launched;
+  * turn an array into an object that ``flashcute._C`` can read through DLPack (``export``).
+
+JAX has no notion of a "current stream" that other libraries can join: its adapter reports
+stream 0 (the legacy default stream) and sets ``synchronize_after``. The caller must then
+wait for the inputs to be ready before the launch (``prepare``) and synchronize the stream
+after it, so that JAX never reads an output the kernel is still writing.
+
+Objects that merely implement ``__dlpack__``/``__dlpack_device__`` are handled by the
+caller without an adapter: they can be read, but nothing can be allocated for them.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Sequence
+
+Shape = Sequence[int]
+
+ALLOCATING_FRAMEWORKS = "torch.Tensor, cupy.ndarray or jax.Array"
+
+
+def _loaded_class(module: str, attr: str) -> type | None:
+    mod = sys.modules.get(module)
+    cls = getattr(mod, attr, None) if mod is not None else None
+    return cls if isinstance(cls, type) else None
+
+
+def is_dlpack(x: Any) -> bool:
+    """Whether ``x`` implements the DLPack protocol (``__dlpack__`` and ``__dlpack_device__``)."""
+    return hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__")
+
+
+class Framework:
+    """Base adapter; see the module docstring."""
+
+    name = "?"
+    #: The launch goes on stream 0 and the caller must synchronize it after the launch.
+    synchronize_after = False
+
+    def empty(self, like: Any, shape: Shape, dtype_name: str) -> Any:
+        """Uninitialised array of ``shape``/``dtype_name`` on ``like``'s device."""
+        raise NotImplementedError
+
+    def full(self, like: Any, shape: Shape, dtype_name: str, value: float) -> Any:
+        """Array of ``shape``/``dtype_name`` filled with ``value``, on ``like``'s device."""
+        raise NotImplementedError
+
+    def fill_(self, x: Any, value: float) -> None:
+        """Fill an existing array in place."""
+        raise NotImplementedError
+
+    def stream(self, like: Any) -> int:
+        """Handle of the caller's current CUDA stream on ``like``'s device."""
+        raise NotImplementedError
+
+    def export(self, x: Any) -> Any:
+        """An object ``flashcute._C`` can read through DLPack."""
+        return x
+
+    def prepare(self, x: Any) -> None:
+        """Make ``x``'s data ready for a launch on ``stream(x)``; a no-op by default."""
+
+    def check_out(self, out: Any) -> None:
+        """Raise if a caller-supplied ``out`` of this framework cannot be written."""
+
+
+class TorchFramework(Framework):
+    name = "torch"
+
+    def _dtype(self, dtype_name: str) -> Any:
+        import torch
+
+        return getattr(torch, dtype_name)
+
+    def empty(self, like: Any, shape: Shape, dtype_name: str) -> Any:
+        import torch
+
+        return torch.empty(tuple(shape), dtype=self._dtype(dtype_name), device=like.device)
+
+    def full(self, like: Any, shape: Shape, dtype_name: str, value: float) -> Any:
+        import torch
+
+        return torch.full(tuple(shape), value, dtype=self._dtype(dtype_name), device=like.device)
+
+    def fill_(self, x: Any, value: float) -> None:
+        import torch
+
+        with torch.no_grad():
+            x.fill_(value)
+
+    def stream(self, like: Any) -> int:
+        import torch
+
+        return int(torch.cuda.current_stream(like.device).cuda_stream)
+
+    def export(self, x: Any) -> Any:
+        # DLPack export refuses tensors that require grad; the caller decides about autograd.
+        return x.detach()
+
+
+class CupyFramework(Framework):
+    name = "cupy"
+
+    def _dtype(self, dtype_name: str) -> Any:
+        import cupy
+
+        if not hasattr(cupy, dtype_name):
+            raise TypeError(f"cupy has no {dtype_name} dtype; use torch or jax for {dtype_name}")
+        return getattr(cupy, dtype_name)
+
+    def empty(self, like: Any, shape: Shape, dtype_name: str) -> Any:
+        import cupy
+
+        with cupy.cuda.Device(like.device.id):
+            return cupy.empty(tuple(shape), dtype=self._dtype(dtype_name))
+
+    def full(self, like: Any, shape: Shape, dtype_name: str, value: float) -> Any:
+        import cupy
+
+        with cupy.cuda.Device(like.device.id):
+            return cupy.full(tuple(shape), value, dtype=self._dtype(dtype_name))
+
+    def fill_(self, x: Any, value: float) -> None:
+        import cupy
+
+        with cupy.cuda.Device(x.device.id):
+            x.fill(value)
+
+    def stream(self, like: Any) -> int:
+        import cupy
+
+        with cupy.cuda.Device(like.device.id):
+            return int(cupy.cuda.get_current_stream().ptr)
+
+
+class JaxFramework(Framework):
+    """JAX arrays: immutable, no joinable stream; see the module docstring.
+
+    Results are fresh JAX buffers that the kernel fills through DLPack before any JAX
+    computation sees them; this relies on ``__dlpack__`` exporting the buffer without a copy.
+    """
+
+    name = "jax"
+    synchronize_after = True
+
+    @staticmethod
+    def _device(like: Any) -> Any:
+        devices = like.devices()
+        if len(devices) != 1:
+            raise ValueError(
+                f"flashcute: expected a jax.Array on a single device, got one sharded over "
+                f"{len(devices)} devices"
+            )
+        return next(iter(devices))
+
+    def _create(self, fill: Any, like: Any, shape: Shape, dtype_name: str) -> Any:
+        import jax
+        import jax.numpy as jnp
+
+        device = self._device(like)
+        dtype = getattr(jnp, dtype_name)
+        try:
+            result = fill(tuple(shape), dtype, device=device)
+        except TypeError:  # jax without the device= keyword
+            with jax.default_device(device):
+                result = fill(tuple(shape), dtype)
+        # The fill runs asynchronously on JAX's own stream; it must finish before the kernel
+        # (on another stream) writes into the buffer.
+        return result.block_until_ready()
+
+    def empty(self, like: Any, shape: Shape, dtype_name: str) -> Any:
+        import jax.numpy as jnp
+
+        # JAX cannot allocate uninitialised memory; jnp.empty is zeros as well.
+        return self._create(jnp.zeros, like, shape, dtype_name)
+
+    def full(self, like: Any, shape: Shape, dtype_name: str, value: float) -> Any:
+        import jax.numpy as jnp
+
+        def fill(shape: Shape, dtype: Any, **kwargs: Any) -> Any:
+            return jnp.full(shape, value, dtype, **kwargs)
+
+        return self._create(fill, like, shape, dtype_name)
+
+    def fill_(self, x: Any, value: float) -> None:
+        raise TypeError("flashcute: jax arrays are immutable and cannot be filled in place")
+
+    def stream(self, like: Any) -> int:
+        return 0  # legacy default stream; synchronize_after is set
+
+    def export(self, x: Any) -> Any:
+        import jax
+
+        tracer = getattr(getattr(jax, "core", None), "Tracer", None)
+        if tracer is not None and isinstance(x, tracer):
+            raise TypeError(
+                "flashcute.attention cannot take traced jax values (inside jax.jit, grad, vmap, "
+                "...); call it on concrete jax.Arrays"
+            )
+        return x
+
+    def prepare(self, x: Any) -> None:
+        x.block_until_ready()
+
+    def check_out(self, out: Any) -> None:
+        raise ValueError(
+            "out: jax arrays are immutable and cannot be written in place; omit out= and use "
+            "the returned array"
+        )
+
+
+_ADAPTERS: tuple[tuple[str, str, Framework], ...] = (
+    ("torch", "Tensor", TorchFramework()),
+    ("cupy", "ndarray", CupyFramework()),
+    ("jax", "Array", JaxFramework()),
+)
+
+
+def framework_of(x: Any) -> Framework | None:
+    """The adapter for ``x``'s framework, or None for anything else (generic DLPack or not)."""
+    for module, attr, adapter in _ADAPTERS:
+        cls = _loaded_class(module, attr)
+        if cls is not None and isinstance(x, cls):
+            return adapter
+    return None
+
+
+def export(x: Any) -> Any:
+    """``x`` as an object ``flashcute._C`` can read; unknown objects are returned as they are."""
+    adapter = framework_of(x)
+    return adapter.export(x) if adapter is not None else x

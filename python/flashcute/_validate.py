@@ -1,0 +1,278 @@
+"""Argument checks for the attention forward pass, with messages that name the argument.
+
+The checks run in a fixed order (scalars, then DLPack, rank, dtype, shapes, heads, head dim,
+strides and finally device) so that CPU tensors can exercise every check but the last.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from ._build_info import BACKEND_NAMES, backend_support, load_extension
+from ._frameworks import is_dlpack
+
+SUPPORTED_DTYPES = ("float16", "bfloat16")
+SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+
+# DLPack device types (DLDeviceType).
+_KDLCUDA = 2
+_KDLCUDA_MANAGED = 13
+_CUDA_DEVICE_TYPES = (_KDLCUDA, _KDLCUDA_MANAGED)
+_DEVICE_NAMES = {
+    1: "CPU",
+    2: "CUDA",
+    3: "CUDA pinned host",
+    4: "OpenCL",
+    7: "Vulkan",
+    8: "Metal",
+    9: "VPI",
+    10: "ROCm",
+    11: "ROCm pinned host",
+    12: "ExtDev",
+    13: "CUDA managed",
+    14: "oneAPI",
+    15: "WebGPU",
+    16: "Hexagon",
+}
+
+
+@dataclass(frozen=True)
+class ForwardProblem:
+    """Sizes of a validated forward call; tensors are (batch, seqlen, heads, headdim)."""
+
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    nheads: int
+    nheads_kv: int
+    headdim: int
+    dtype: str
+    device_id: int
+    scale: float
+
+    @property
+    def out_shape(self) -> tuple[int, int, int, int]:
+        return (self.batch, self.seqlen_q, self.nheads, self.headdim)
+
+    @property
+    def lse_shape(self) -> tuple[int, int, int]:
+        return (self.batch, self.nheads, self.seqlen_q)
+
+    @property
+    def empty_output(self) -> bool:
+        """The output has no rows: nothing to compute."""
+        return self.batch == 0 or self.seqlen_q == 0 or self.nheads == 0
+
+
+@dataclass(frozen=True)
+class _Info:
+    name: str
+    device_type: int
+    device_id: int
+    dtype: str
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+
+
+def _fmt(values: Sequence[int]) -> str:
+    return "(" + ", ".join(str(v) for v in values) + ")"
+
+
+def type_name(x: Any) -> str:
+    """``module.Class`` of ``x``, or just ``Class`` for builtins."""
+    cls = type(x)
+    if cls.__module__ == "builtins":
+        return cls.__qualname__
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _inspect(name: str, x: Any) -> _Info:
+    if not is_dlpack(x):
+        raise TypeError(
+            f"{name}: expected a DLPack tensor (torch.Tensor, cupy.ndarray, jax.Array, ...), "
+            f"got {type_name(x)}"
+        )
+    try:
+        device_type, device_id, dtype, shape, strides = load_extension().inspect(x)
+    except (TypeError, ValueError, RuntimeError, BufferError) as exc:
+        raise TypeError(
+            f"{name}: could not read {type_name(x)} through DLPack: {exc}"
+        ) from exc
+    return _Info(name, int(device_type), int(device_id), str(dtype), tuple(shape), tuple(strides))
+
+
+def _check_scalars(causal: Any, softmax_scale: Any, backend: Any) -> None:
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal: expected a bool, got {type_name(causal)}")
+    if backend is not None and backend not in BACKEND_NAMES:
+        raise ValueError(f"backend: expected None, 'ampere' or 'hopper', got {backend!r}")
+    if softmax_scale is None:
+        return
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
+        raise TypeError(
+            f"softmax_scale: expected a float or None, got {type_name(softmax_scale)}"
+        )
+    value = float(softmax_scale)
+    if not math.isfinite(value) or value <= 0.0:
+        raise ValueError(f"softmax_scale: expected a finite positive float, got {value}")
+
+
+def _check_rank(info: _Info) -> None:
+    if len(info.shape) != 4:
+        raise ValueError(
+            f"{info.name}: expected a 4-d tensor (batch, seqlen, nheads, headdim), "
+            f"got shape {_fmt(info.shape)}"
+        )
+
+
+def _check_dtypes(q: _Info, others: Sequence[_Info]) -> None:
+    for info in (q, *others):
+        if info.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{info.name}: expected float16 or bfloat16, got {info.dtype}")
+    for info in others:
+        if info.dtype != q.dtype:
+            raise TypeError(
+                f"{info.name}: dtype {info.dtype} does not match q's dtype {q.dtype}"
+            )
+
+
+def _check_shapes(q: _Info, k: _Info, v: _Info, out: Optional[_Info]) -> None:
+    if k.shape[0] != q.shape[0]:
+        raise ValueError(
+            f"k: batch size {k.shape[0]} does not match q's {q.shape[0]} "
+            f"(q shape {_fmt(q.shape)}, k shape {_fmt(k.shape)})"
+        )
+    if k.shape[3] != q.shape[3]:
+        raise ValueError(
+            f"k: head dim {k.shape[3]} does not match q's {q.shape[3]} "
+            f"(q shape {_fmt(q.shape)}, k shape {_fmt(k.shape)})"
+        )
+    if v.shape != k.shape:
+        raise ValueError(f"v: shape {_fmt(v.shape)} does not match k's shape {_fmt(k.shape)}")
+    nheads, nheads_kv = q.shape[2], k.shape[2]
+    if (nheads_kv == 0 and nheads != 0) or (nheads_kv != 0 and nheads % nheads_kv != 0):
+        raise ValueError(
+            f"q, k: q's {nheads} heads are not a multiple of k/v's {nheads_kv} heads "
+            f"(grouped-query attention needs nheads % nheads_kv == 0)"
+        )
+    if out is not None and out.shape != q.shape:
+        raise ValueError(
+            f"out: expected shape {_fmt(q.shape)} (batch, seqlen_q, nheads, headdim), "
+            f"got {_fmt(out.shape)}"
+        )
+
+
+def _compiled_head_dims() -> str:
+    try:
+        parts = []
+        for backend in BACKEND_NAMES:
+            dims = backend_support(backend)[0]
+            parts.append(f"{backend} {', '.join(map(str, dims)) if dims else 'none'}")
+        return "; this build compiles head dims: " + "; ".join(parts)
+    except Exception:  # build info is a courtesy in this message, never the error itself
+        return ""
+
+
+def _check_headdim(headdim: int) -> None:
+    if headdim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(
+            f"q: head dim {headdim} is not supported; supported head dims are "
+            f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))}{_compiled_head_dims()}"
+        )
+
+
+def _check_strides(info: _Info) -> None:
+    if info.strides[3] != 1:
+        raise ValueError(
+            f"{info.name}: expected unit stride in the last (headdim) dimension, "
+            f"got strides {_fmt(info.strides)}"
+        )
+    if 0 in info.shape:
+        return
+    for size, stride in zip(info.shape, info.strides):
+        if size > 1 and stride <= 0:
+            raise ValueError(
+                f"{info.name}: expected positive strides in every dimension of size > 1, "
+                f"got strides {_fmt(info.strides)} for shape {_fmt(info.shape)}"
+            )
+
+
+def _device_name(device_type: int) -> str:
+    return _DEVICE_NAMES.get(device_type, f"DLPack device type {device_type}")
+
+
+def _check_devices(q: _Info, others: Sequence[_Info]) -> None:
+    for info in (q, *others):
+        if info.device_type not in _CUDA_DEVICE_TYPES:
+            device = _device_name(info.device_type)
+            raise ValueError(f"{info.name}: expected a CUDA tensor, got a {device} tensor")
+    for info in others:
+        if info.device_id != q.device_id:
+            raise ValueError(
+                f"{info.name}: on CUDA device {info.device_id}, but q is on CUDA device "
+                f"{q.device_id}; all tensors must be on one device"
+            )
+
+
+def validate_forward(
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any = None,
+    *,
+    causal: Any = False,
+    softmax_scale: Any = None,
+    backend: Any = None,
+) -> ForwardProblem:
+    """Check the arguments of an attention forward call and describe the problem.
+
+    Args:
+        q: (batch, seqlen_q, nheads, headdim) DLPack tensor, float16 or bfloat16.
+        k, v: (batch, seqlen_k, nheads_kv, headdim), q's dtype; nheads % nheads_kv == 0.
+        out: optional (batch, seqlen_q, nheads, headdim) tensor of q's dtype to write into.
+        causal: bool.
+        softmax_scale: finite positive float, or None for 1/sqrt(headdim).
+        backend: None, "ampere" or "hopper" (only the name is checked here).
+
+    Every tensor needs unit stride in the headdim dimension, positive strides elsewhere and
+    must live on one CUDA device. Zero batch, sequence length or head count is valid.
+
+    Returns:
+        The ForwardProblem, with ``scale`` resolved.
+
+    Raises:
+        TypeError: a non-DLPack argument, wrong dtypes, a non-bool causal.
+        ValueError: wrong ranks, shapes, strides, devices, head dim, scale or backend name.
+        ImportError: the compiled extension is missing.
+    """
+    _check_scalars(causal, softmax_scale, backend)
+    tensors = {"q": q, "k": k, "v": v}
+    if out is not None:
+        tensors["out"] = out
+    infos = {name: _inspect(name, x) for name, x in tensors.items()}
+    for info in infos.values():
+        _check_rank(info)
+    qi, ki, vi, oi = infos["q"], infos["k"], infos["v"], infos.get("out")
+    others = [info for name, info in infos.items() if name != "q"]
+    _check_dtypes(qi, others)
+    _check_shapes(qi, ki, vi, oi)
+    batch, seqlen_q, nheads, headdim = qi.shape
+    _check_headdim(headdim)
+    for info in infos.values():
+        _check_strides(info)
+    _check_devices(qi, others)
+    scale = 1.0 / math.sqrt(headdim) if softmax_scale is None else float(softmax_scale)
+    return ForwardProblem(
+        batch=batch,
+        seqlen_q=seqlen_q,
+        seqlen_k=ki.shape[1],
+        nheads=nheads,
+        nheads_kv=ki.shape[2],
+        headdim=headdim,
+        dtype=qi.dtype,
+        device_id=qi.device_id,
+        scale=scale,
+    )

@@ -1,0 +1,176 @@
+"""The front door: ``flashcute.attention``."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Optional
+
+from ._build_info import load_extension
+from ._dispatch import choose_backend
+from ._frameworks import ALLOCATING_FRAMEWORKS, Framework, export, framework_of
+from ._validate import ForwardProblem, type_name, validate_forward
+
+
+def _check_autograd(tensors: dict[str, Any]) -> None:
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.is_grad_enabled():
+        return
+    needs_grad = [
+        name for name, x in tensors.items() if isinstance(x, torch.Tensor) and x.requires_grad
+    ]
+    if needs_grad:
+        raise NotImplementedError(
+            f"flashcute.attention: {', '.join(needs_grad)} require grad, but backward is not "
+            "implemented yet; call with tensors that do not require grad or under "
+            "torch.no_grad()"
+        )
+
+
+def _allocator(q: Any, out: Any, return_lse: bool) -> tuple[Optional[Framework], Any]:
+    """(adapter, array) that allocates results and names the stream: q's, else out's.
+
+    The adapter is None only when out is given, nothing else is to be allocated and neither
+    q nor out belongs to a known framework; the launch then goes on the legacy default stream.
+    """
+    for x in (q, out):
+        adapter = framework_of(x) if x is not None else None
+        if adapter is not None:
+            return adapter, x
+    if out is None:
+        raise TypeError(
+            f"q: flashcute can allocate the output only for a {ALLOCATING_FRAMEWORKS}, got "
+            f"{type_name(q)}; pass out= to write into a tensor of your own"
+        )
+    if return_lse:
+        raise TypeError(
+            f"q, out: return_lse=True needs q or out to be a {ALLOCATING_FRAMEWORKS} to "
+            f"allocate lse, got {type_name(q)} and {type_name(out)}"
+        )
+    return None, q
+
+
+def _outputs(
+    problem: ForwardProblem, alloc: Optional[Framework], like: Any, out: Any, return_lse: bool
+) -> tuple[Any, Any]:
+    """The output and optional lse: allocated, or filled with 0 / -inf when seqlen_k == 0."""
+    no_keys = problem.seqlen_k == 0 and not problem.empty_output
+    if out is not None:
+        if no_keys:
+            out_adapter = framework_of(out)
+            if out_adapter is None:
+                raise TypeError(
+                    f"out: cannot fill a {type_name(out)} in place (needed for seqlen_k == 0); "
+                    "pass a torch.Tensor or cupy.ndarray as out"
+                )
+            out_adapter.fill_(out, 0.0)
+        result = out
+    elif no_keys:
+        result = alloc.full(like, problem.out_shape, problem.dtype, 0.0)
+    else:
+        result = alloc.empty(like, problem.out_shape, problem.dtype)
+    if not return_lse:
+        return result, None
+    if no_keys:
+        return result, alloc.full(like, problem.lse_shape, "float32", float("-inf"))
+    return result, alloc.empty(like, problem.lse_shape, "float32")
+
+
+def attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool = False,
+    softmax_scale: Optional[float] = None,
+    return_lse: bool = False,
+    out: Any = None,
+    backend: Optional[str] = None,
+) -> Any:
+    """Exact softmax attention, ``softmax(scale * q @ k^T) @ v``, in one fused kernel.
+
+    Args:
+        q: (batch, seqlen_q, nheads, headdim), float16 or bfloat16, on a CUDA device.
+        k, v: (batch, seqlen_k, nheads_kv, headdim), q's dtype and device. Grouped-query /
+            multi-query attention: nheads must be a multiple of nheads_kv; query head ``h``
+            uses key/value head ``h // (nheads // nheads_kv)``.
+        causal: mask so query ``i`` attends key ``j`` only if ``j <= i + seqlen_k - seqlen_q``
+            (bottom-right aligned). Query rows with no key to attend to give zeros and
+            lse = -inf.
+        softmax_scale: multiplies ``q @ k^T`` before the softmax; default 1/sqrt(headdim).
+        return_lse: also return the float32 (batch, nheads, seqlen_q) natural-log
+            log-sum-exp of the scaled (and masked) scores.
+        out: optional (batch, seqlen_q, nheads, headdim) tensor of q's dtype to write into
+            (not for jax arrays, which are immutable); it is returned.
+        backend: None (choose by GPU), "ampere" or "hopper".
+
+    Any strides work as long as the headdim dimension has unit stride and the others are
+    positive, so ``x.transpose(1, 2)`` of a (batch, nheads, seqlen, headdim) tensor needs no
+    copy. Zero batch, sequence length or head count give empty (or, for seqlen_k == 0,
+    zero / -inf) results without a kernel launch.
+
+    Inputs may be torch tensors, cupy arrays or jax arrays; results are allocated by q's
+    framework on q's device. Other DLPack objects are accepted when ``out`` is given (they
+    are then launched on the stream of out's framework, else the legacy default stream).
+    The kernel runs on the caller's current stream (torch, cupy). JAX streams cannot be
+    joined: for jax arrays the call waits for the inputs, launches on the legacy default
+    stream and synchronizes it before returning. Torch autograd is not supported yet:
+    inputs that require grad raise NotImplementedError while grad mode is enabled.
+
+    Returns:
+        The output (``out`` itself when given), or ``(output, lse)`` when ``return_lse``.
+
+    Raises:
+        TypeError, ValueError: invalid arguments; messages name the argument.
+        NotImplementedError: torch inputs that require grad.
+        RuntimeError: no usable GPU, or a CUDA error.
+        ImportError: the compiled extension is missing.
+    """
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse: expected a bool, got {type_name(return_lse)}")
+    _check_autograd({"q": q, "k": k, "v": v, "out": out})
+    q_x, k_x, v_x = export(q), export(k), export(v)
+    out_x = export(out) if out is not None else None
+    problem = validate_forward(
+        q_x, k_x, v_x, out_x, causal=causal, softmax_scale=softmax_scale, backend=backend
+    )
+    out_adapter = framework_of(out) if out is not None else None
+    if out_adapter is not None:
+        out_adapter.check_out(out)
+    alloc, like = _allocator(q, out, return_lse)
+
+    ext = load_extension()
+    capability = int(ext.device_capability(problem.device_id))
+    backend_code = choose_backend(backend, capability, headdim=problem.headdim, dtype=problem.dtype)
+    result, lse = _outputs(problem, alloc, like, out, return_lse)
+    if not problem.empty_output and problem.seqlen_k > 0:
+        result_x = out_x if out is not None else result
+        _launch(ext, problem, alloc, like, (q_x, k_x, v_x, result_x, lse), causal, backend_code)
+    return (result, lse) if return_lse else result
+
+
+def _launch(
+    ext: Any,
+    problem: ForwardProblem,
+    alloc: Optional[Framework],
+    like: Any,
+    tensors: tuple[Any, Any, Any, Any, Any],
+    causal: bool,
+    backend_code: int,
+) -> None:
+    """Run the kernel on the allocating framework's current stream."""
+    sync = alloc is not None and alloc.synchronize_after
+    if sync:
+        if not hasattr(ext, "synchronize"):
+            raise RuntimeError(
+                "flashcute: this build of flashcute._C has no synchronize(), which jax "
+                "arrays need; reinstall the package with `pip install .`"
+            )
+        for x in tensors:
+            adapter = framework_of(x) if x is not None else None
+            if adapter is not None:
+                adapter.prepare(x)
+    stream = alloc.stream(like) if alloc is not None else 0
+    q, k, v, out, lse = tensors
+    ext.forward(q, k, v, out, lse, problem.scale, causal, backend_code, stream)
+    if sync:
+        ext.synchronize(stream, problem.device_id)

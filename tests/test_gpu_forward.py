@@ -1,0 +1,472 @@
+"""flashcute.attention forward on a GPU, against flashcute.reference in float64.
+
+Accuracy rule: flashcute's output may differ from the float64 reference by at most twice
+PyTorch's own error at the input precision (``reference.attention(..., dtype=q.dtype)``),
+plus a tiny absolute floor for cases where that error is exactly zero. The float32 lse is
+held to a fixed tolerance (it is accumulated in float32 from the exact input values).
+
+Every backend that this build compiles and this GPU can run gets the same grid.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import zlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import flashcute  # noqa: E402
+from flashcute import reference  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+ALL_HEAD_DIMS = [32, 64, 96, 128, 192, 256]
+ALL_DTYPES = ["float16", "bfloat16"]
+OUT_ABS_FLOOR = 1e-5
+LSE_ATOL = 1e-3
+LSE_RTOL = 1e-4
+
+
+def _capability() -> int | None:
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability(0)
+    return major * 10 + minor
+
+
+def _usable_backends() -> dict[str, tuple[list[int], list[str]]]:
+    """{backend: (head dims, dtypes)} for the backends built and runnable on this GPU."""
+    try:
+        info = flashcute.build_info()
+    except ImportError:  # no extension: collect the Ampere grid; the gpu marker skips it
+        return {"ampere": (ALL_HEAD_DIMS, ALL_DTYPES)}
+    capability = _capability()
+    usable = {}
+    for name, support in info["backends"].items():
+        if not support["head_dims"] or not support["dtypes"]:
+            continue
+        if capability is not None:
+            if name == "hopper" and capability != 90:
+                continue
+            if name == "ampere" and capability < 80:
+                continue
+        elif name == "hopper":
+            continue
+        usable[name] = (list(support["head_dims"]), list(support["dtypes"]))
+    return usable
+
+
+SUPPORT = _usable_backends()
+BACKENDS = list(SUPPORT)
+
+
+def _sizes(seqlen_q: int, seqlen_k: int) -> tuple[int, int]:
+    """(batch, nheads): keep batch * heads small for long sequences."""
+    return (1, 2) if max(seqlen_q, seqlen_k) >= 1000 else (2, 3)
+
+
+def _seed(request: pytest.FixtureRequest) -> int:
+    return zlib.crc32(request.node.nodeid.encode())
+
+
+@pytest.fixture
+def gen(request):
+    """A CUDA generator seeded from the test id: fresh but reproducible inputs per test."""
+    return torch.Generator(device="cuda").manual_seed(_seed(request))
+
+
+def make_qkv(gen, batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim, dtype, layout="bshd"):
+    """Random q, k, v of flashcute's (batch, seqlen, heads, headdim) shape in ``layout``.
+
+    bshd: contiguous; bhsd: (batch, heads, seqlen, headdim) contiguous, transposed (SDPA's
+    layout); padded: a headdim slice of a wider buffer; packed: q, k, v slices of one
+    (batch, seqlen, 3, heads, headdim) tensor (needs seqlen_q == seqlen_k, nheads == nheads_kv).
+    """
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+
+    def randn(*shape):
+        return torch.randn(shape, generator=gen, device="cuda", dtype=dtype)
+
+    if layout == "packed":
+        assert seqlen_q == seqlen_k and nheads == nheads_kv
+        qkv = randn(batch, seqlen_q, 3, nheads, headdim)
+        return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    tensors = []
+    for seqlen, heads in ((seqlen_q, nheads), (seqlen_k, nheads_kv), (seqlen_k, nheads_kv)):
+        if layout == "bshd":
+            x = randn(batch, seqlen, heads, headdim)
+        elif layout == "bhsd":
+            x = randn(batch, heads, seqlen, headdim).transpose(1, 2)
+        elif layout == "padded":
+            x = randn(batch, seqlen, heads, headdim + 8)[..., :headdim]
+        else:
+            raise ValueError(layout)
+        tensors.append(x)
+    return tuple(tensors)
+
+
+def poisoned_like(q):
+    """A NaN-filled output buffer of q's shape and dtype, so unwritten elements show."""
+    return torch.full(q.shape, math.nan, dtype=q.dtype, device=q.device)
+
+
+def masked_rows(seqlen_q: int, seqlen_k: int, causal: bool) -> int:
+    """Number of leading query rows with no key to attend to."""
+    if seqlen_k == 0:
+        return seqlen_q
+    return max(seqlen_q - seqlen_k, 0) if causal else 0
+
+
+def check_close(out, lse, q, k, v, *, causal, softmax_scale=None):
+    """Assert out (and lse unless None) against the float64 reference by the project's rule."""
+    batch, seqlen_q, nheads, _ = q.shape
+    ref, ref_lse = reference.attention(
+        q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True, dtype=torch.float64
+    )
+    low = reference.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, dtype=q.dtype)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert torch.isfinite(out).all(), "output has non-finite elements (unwritten or NaN)"
+    masked = masked_rows(seqlen_q, k.shape[1], causal)
+    if masked:
+        assert (out[:, :masked] == 0).all(), "rows with no key must be exactly 0"
+    if out.numel():
+        err = (out.double() - ref).abs().max().item()
+        torch_err = (low.double() - ref).abs().max().item()
+        assert err <= 2 * torch_err + OUT_ABS_FLOOR, (
+            f"max |flashcute - float64| = {err:.3g} > 2 * torch's {q.dtype} error "
+            f"{torch_err:.3g} + {OUT_ABS_FLOOR}"
+        )
+    if lse is None:
+        return
+    assert lse.dtype == torch.float32 and lse.shape == (batch, nheads, seqlen_q)
+    assert not torch.isnan(lse).any(), "lse has NaN"
+    if masked:
+        assert torch.isneginf(lse[..., :masked]).all(), "rows with no key must have lse -inf"
+    lse, ref_lse = lse[..., masked:], ref_lse[..., masked:]
+    assert torch.isfinite(lse).all()
+    if lse.numel():
+        err = (lse.double() - ref_lse).abs()
+        tol = LSE_ATOL + LSE_RTOL * ref_lse.abs()
+        worst = (err - tol).argmax()
+        assert (err <= tol).all(), (
+            f"lse: |flashcute - float64| = {err.flatten()[worst].item():.3g} exceeds "
+            f"{tol.flatten()[worst].item():.3g}"
+        )
+
+
+def run_checked(q, k, v, *, causal, backend, softmax_scale=None):
+    """Call flashcute with a poisoned out= and return_lse=True, then check everything."""
+    out = poisoned_like(q)
+    result, lse = flashcute.attention(
+        q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True, out=out,
+        backend=backend,
+    )
+    assert result is out
+    check_close(result, lse, q, k, v, causal=causal, softmax_scale=softmax_scale)
+    return result, lse
+
+
+# ---------------------------------------------------------------------------------------
+# The main grid: head dims x dtypes x causal x sequence lengths, per backend.
+
+SQUARE_SEQLENS = [(1, 1), (17, 17), (333, 333)]
+LONG_SEQLENS = [(2049, 2049)]
+LONG_HEAD_DIMS = (64, 128)
+RAGGED_SEQLENS = [(17, 333), (333, 17), (1, 2049), (2049, 1), (128, 1000), (1000, 128)]
+
+
+def _grid():
+    cases = []
+    for backend, (head_dims, dtypes) in SUPPORT.items():
+        for headdim in head_dims:
+            seqlens = SQUARE_SEQLENS + RAGGED_SEQLENS
+            if headdim in LONG_HEAD_DIMS:
+                seqlens = seqlens + LONG_SEQLENS
+            for dtype in dtypes:
+                for causal in (False, True):
+                    for seqlen_q, seqlen_k in seqlens:
+                        cases.append(
+                            pytest.param(
+                                backend, headdim, dtype, causal, seqlen_q, seqlen_k,
+                                id=f"{backend}-hd{headdim}-{dtype}-"
+                                f"{'causal' if causal else 'full'}-{seqlen_q}x{seqlen_k}",
+                            )
+                        )
+    return cases
+
+
+@pytest.mark.parametrize("backend, headdim, dtype, causal, seqlen_q, seqlen_k", _grid())
+def test_forward_grid(gen, backend, headdim, dtype, causal, seqlen_q, seqlen_k):
+    batch, nheads = _sizes(seqlen_q, seqlen_k)
+    q, k, v = make_qkv(gen, batch, seqlen_q, seqlen_k, nheads, nheads, headdim, dtype)
+    run_checked(q, k, v, causal=causal, backend=backend)
+
+
+# ---------------------------------------------------------------------------------------
+# Grouped-query / multi-query attention.
+
+
+def _per_backend(head_dims=None):
+    """(backend, headdim, dtype) params, all compiled head dims or those in ``head_dims``."""
+    cases = []
+    for backend, (dims, dtypes) in SUPPORT.items():
+        for headdim in dims:
+            if head_dims is not None and headdim not in head_dims:
+                continue
+            for dtype in dtypes:
+                cases.append(
+                    pytest.param(backend, headdim, dtype, id=f"{backend}-hd{headdim}-{dtype}")
+                )
+    return cases
+
+
+@pytest.mark.parametrize("backend, headdim, dtype", _per_backend())
+@pytest.mark.parametrize("nheads, nheads_kv", [(8, 2), (6, 1)], ids=["gqa8to2", "mqa6to1"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(128, 333), (333, 128)], ids=["128x333", "333x128"])
+def test_grouped_query(gen, backend, headdim, dtype, nheads, nheads_kv, causal, seqlen_q, seqlen_k):
+    q, k, v = make_qkv(gen, 2, seqlen_q, seqlen_k, nheads, nheads_kv, headdim, dtype)
+    # Allocating path (no out=): the result and lse come from torch.
+    out, lse = flashcute.attention(q, k, v, causal=causal, return_lse=True, backend=backend)
+    check_close(out, lse, q, k, v, causal=causal)
+
+
+# ---------------------------------------------------------------------------------------
+# Strided layouts.
+
+
+@pytest.mark.parametrize("backend, headdim, dtype", _per_backend())
+@pytest.mark.parametrize("layout", ["bhsd", "packed", "padded"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_strided_layouts(gen, backend, headdim, dtype, layout, causal):
+    q, k, v = make_qkv(gen, 2, 200, 200, 4, 4, headdim, dtype, layout=layout)
+    assert not q.is_contiguous()
+    out, lse = flashcute.attention(q, k, v, causal=causal, return_lse=True, backend=backend)
+    check_close(out, lse, q, k, v, causal=causal)
+
+
+@pytest.mark.parametrize("backend, headdim, dtype", _per_backend(LONG_HEAD_DIMS))
+def test_strided_out(gen, backend, headdim, dtype):
+    """out in SDPA's layout: (batch, heads, seqlen, headdim) storage, transposed."""
+    q, k, v = make_qkv(gen, 2, 150, 300, 4, 2, headdim, dtype, layout="bhsd")
+    out = torch.full((2, 4, 150, headdim), math.nan, dtype=q.dtype, device="cuda")
+    out = out.transpose(1, 2)
+    result = flashcute.attention(q, k, v, causal=True, out=out, backend=backend)
+    assert result is out
+    check_close(result, None, q, k, v, causal=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Arguments: out=, return_lse, softmax_scale, backend.
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_out_is_returned(gen, backend):
+    head_dims, dtypes = SUPPORT[backend]
+    q, k, v = make_qkv(gen, 2, 64, 64, 2, 2, head_dims[0], dtypes[0])
+    out = poisoned_like(q)
+    result = flashcute.attention(q, k, v, out=out, backend=backend)
+    assert result is out
+    check_close(out, None, q, k, v, causal=False)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_return_lse_shapes(gen, backend):
+    head_dims, dtypes = SUPPORT[backend]
+    q, k, v = make_qkv(gen, 3, 40, 70, 4, 2, head_dims[-1], dtypes[-1])
+    result = flashcute.attention(q, k, v, return_lse=True, backend=backend)
+    assert isinstance(result, tuple) and len(result) == 2
+    out, lse = result
+    assert out.shape == q.shape and out.dtype == q.dtype and out.device == q.device
+    assert lse.shape == (3, 4, 40) and lse.dtype == torch.float32 and lse.device == q.device
+    check_close(out, lse, q, k, v, causal=False)
+    alone = flashcute.attention(q, k, v, backend=backend)
+    assert isinstance(alone, torch.Tensor)
+
+
+@pytest.mark.parametrize("backend, headdim, dtype", _per_backend(LONG_HEAD_DIMS))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("softmax_scale", [0.3, 0.01])
+def test_softmax_scale(gen, backend, headdim, dtype, causal, softmax_scale):
+    q, k, v = make_qkv(gen, 2, 100, 257, 4, 4, headdim, dtype)
+    run_checked(q, k, v, causal=causal, backend=backend, softmax_scale=softmax_scale)
+
+
+def test_default_backend(gen):
+    """backend=None picks the GPU's default backend and gives its exact results."""
+    from flashcute import _C
+
+    default = str(_C.default_backend(_capability()))
+    head_dims, dtypes = SUPPORT.get(default, SUPPORT[BACKENDS[0]])
+    headdim = 64 if 64 in head_dims else head_dims[0]
+    q, k, v = make_qkv(gen, 2, 300, 300, 4, 4, headdim, dtypes[0])
+    out, lse = flashcute.attention(q, k, v, causal=True, return_lse=True)
+    check_close(out, lse, q, k, v, causal=True)
+    if default in SUPPORT:
+        named, named_lse = flashcute.attention(
+            q, k, v, causal=True, return_lse=True, backend=default
+        )
+        assert torch.equal(out, named) and torch.equal(lse, named_lse)
+
+
+def test_hopper_unavailable_raises(gen):
+    if "hopper" in SUPPORT:
+        pytest.skip("the Hopper path is built and runs on this GPU")
+    q, k, v = make_qkv(gen, 1, 16, 16, 2, 2, 64, "float16")
+    with pytest.raises(ValueError, match=r"(?i)hopper"):
+        flashcute.attention(q, k, v, backend="hopper")
+
+
+# ---------------------------------------------------------------------------------------
+# Streams.
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_non_default_stream(gen, backend):
+    """The kernel runs on the current stream: it must see inputs still being made there."""
+    head_dims, dtypes = SUPPORT[backend]
+    headdim = 128 if 128 in head_dims else head_dims[-1]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        # Hold the stream back so that a launch on any other stream would run before the
+        # inputs and the NaN-filled out exist, and show as wrong or NaN results.
+        sleep = getattr(torch.cuda, "_sleep", None)
+        if sleep is not None:
+            sleep(50_000_000)
+        q, k, v = make_qkv(gen, 2, 1000, 1000, 4, 2, headdim, dtypes[0])
+        out = poisoned_like(q)
+        result, lse = flashcute.attention(
+            q, k, v, causal=True, return_lse=True, out=out, backend=backend
+        )
+    stream.synchronize()
+    assert result is out
+    check_close(result, lse, q, k, v, causal=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Empty problems.
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("with_out", [False, True], ids=["alloc", "out"])
+def test_no_keys(gen, backend, causal, with_out):
+    head_dims, dtypes = SUPPORT[backend]
+    q, k, v = make_qkv(gen, 2, 7, 0, 4, 2, head_dims[0], dtypes[0])
+    out = poisoned_like(q) if with_out else None
+    result, lse = flashcute.attention(
+        q, k, v, causal=causal, return_lse=True, out=out, backend=backend
+    )
+    if with_out:
+        assert result is out
+    assert result.shape == q.shape and result.dtype == q.dtype
+    assert (result == 0).all()
+    assert lse.shape == (2, 4, 7) and lse.dtype == torch.float32
+    assert torch.isneginf(lse).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "batch, seqlen_q, seqlen_k, nheads, nheads_kv",
+    [(2, 0, 5, 4, 2), (0, 5, 5, 4, 2), (0, 0, 0, 4, 2), (2, 5, 5, 0, 0)],
+    ids=["seqlen_q0", "batch0", "all0", "heads0"],
+)
+def test_empty_output(gen, backend, batch, seqlen_q, seqlen_k, nheads, nheads_kv):
+    head_dims, dtypes = SUPPORT[backend]
+    q, k, v = make_qkv(gen, batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dims[0], dtypes[0])
+    out, lse = flashcute.attention(q, k, v, causal=True, return_lse=True, backend=backend)
+    assert out.shape == q.shape and out.numel() == 0 and out.dtype == q.dtype
+    assert lse.shape == (batch, nheads, seqlen_q) and lse.dtype == torch.float32
+    given = torch.empty_like(q)
+    assert flashcute.attention(q, k, v, out=given, backend=backend) is given
+
+
+# ---------------------------------------------------------------------------------------
+# Determinism.
+
+
+@pytest.mark.parametrize("backend, headdim, dtype", _per_backend(LONG_HEAD_DIMS))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_deterministic(gen, backend, headdim, dtype, causal):
+    q, k, v = make_qkv(gen, 2, 777, 1000, 4, 2, headdim, dtype)
+    first, first_lse = flashcute.attention(q, k, v, causal=causal, return_lse=True, backend=backend)
+    second, second_lse = flashcute.attention(
+        q, k, v, causal=causal, return_lse=True, backend=backend
+    )
+    # Compare bits, so that even NaNs in identical places would count as different runs.
+    assert torch.equal(first.view(torch.int16), second.view(torch.int16))
+    assert torch.equal(first_lse.view(torch.int32), second_lse.view(torch.int32))
+
+
+# ---------------------------------------------------------------------------------------
+# Other frameworks.
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("with_out", [False, True], ids=["alloc", "out"])
+def test_cupy_inputs(gen, backend, with_out):
+    cupy = pytest.importorskip("cupy")
+    head_dims, dtypes = SUPPORT[backend]
+    if "float16" not in dtypes:
+        pytest.skip("cupy has no bfloat16; float16 is not compiled for this backend")
+    headdim = 64 if 64 in head_dims else head_dims[0]
+    q, k, v = make_qkv(gen, 2, 150, 200, 4, 2, headdim, "float16")
+    torch.cuda.synchronize()
+    cq, ck, cv = (cupy.from_dlpack(x) for x in (q, k, v))
+    cout = cupy.full(cq.shape, cupy.nan, dtype=cupy.float16) if with_out else None
+    result, lse = flashcute.attention(
+        cq, ck, cv, causal=True, return_lse=True, out=cout, backend=backend
+    )
+    cupy.cuda.get_current_stream().synchronize()
+    assert isinstance(result, cupy.ndarray) and isinstance(lse, cupy.ndarray)
+    if with_out:
+        assert result is cout
+    assert result.dtype == cupy.float16 and lse.dtype == cupy.float32
+    check_close(torch.from_dlpack(result), torch.from_dlpack(lse), q, k, v, causal=True)
+
+
+def _jax_gpu():
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # share the GPU with torch
+    jax = pytest.importorskip("jax")
+    try:
+        devices = jax.devices("gpu")
+    except RuntimeError:
+        devices = []
+    if not devices:
+        pytest.skip("jax has no GPU device")
+    return jax, devices[0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_jax_inputs(gen, backend, dtype):
+    jax, device = _jax_gpu()
+    import jax.numpy as jnp
+    import numpy as np
+
+    head_dims, dtypes = SUPPORT[backend]
+    if dtype not in dtypes:
+        pytest.skip(f"{dtype} is not compiled for {backend}")
+    headdim = 64 if 64 in head_dims else head_dims[0]
+    q, k, v = make_qkv(gen, 2, 150, 200, 4, 2, headdim, dtype)
+
+    def to_jax(x):
+        # Through host memory: jax gets its own buffer on its own GPU device.
+        host = x.cpu()
+        if x.dtype == torch.bfloat16:
+            array = host.view(torch.int16).numpy().view(jnp.bfloat16)
+        else:
+            array = host.numpy()
+        return jax.device_put(array, device)
+
+    jq, jk, jv = (to_jax(x) for x in (q, k, v))
+    result, lse = flashcute.attention(jq, jk, jv, causal=True, return_lse=True, backend=backend)
+    assert isinstance(result, jax.Array) and isinstance(lse, jax.Array)
+    assert result.dtype == jq.dtype and result.shape == jq.shape
+    out = torch.from_numpy(np.asarray(result).astype(np.float32)).to(q.device, q.dtype)
+    lse = torch.from_numpy(np.asarray(lse)).to(q.device)
+    check_close(out, lse, q, k, v, causal=True)
