@@ -38,7 +38,7 @@ CUTE_DEVICE auto convert_fragment(Tensor const& t) {
   using From = typename Tensor::value_type;
   constexpr int N = decltype(cute::size(t))::value;
   static_assert(N % 2 == 0);
-  auto out = cute::make_tensor<To>(t.layout());
+  auto out = cute::make_tensor<To>(cute::make_layout(t.shape()));  // compact, same coordinates
   cutlass::NumericArrayConverter<To, From, 2> convert;  // packed 2-wide conversions
   CUTE_UNROLL
   for (int i = 0; i < N; i += 2) {

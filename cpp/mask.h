@@ -16,16 +16,18 @@ struct BlockMask {
     return causal ? cute::min(seqlen_k, row + diagonal_offset + 1) : seqlen_k;
   }
 
-  // scores_rc: a thread's scores in (row, col) view; coords_rc: the matching (row, col)
-  // coordinates inside the block, which starts at (row0, col0). Masked scores become -inf.
-  template <class Scores, class Coords>
-  CUTE_DEVICE void apply(Scores& scores_rc, Coords const& coords_rc, int row0, int col0) const {
+  // scores_rc: a thread's scores in (row, col) view. The thread's score (r, c) sits at row
+  // row_base + offsets_rc(r, c).row and column col_base + offsets_rc(r, c).col, where
+  // offsets_rc is the thread-independent (compile-time) part of the MMA layout: comparisons
+  // then fold to one subtraction per row and immediates. Masked scores become -inf.
+  template <class Scores, class Offsets>
+  CUTE_DEVICE void apply(Scores& scores_rc, Offsets const& offsets_rc, int row_base, int col_base) const {
     CUTE_UNROLL
     for (int r = 0; r < cute::size<0>(scores_rc); ++r) {
-      const int limit = key_limit(row0 + cute::get<0>(coords_rc(r, 0))) - col0;
+      const int limit = key_limit(row_base + cute::get<0>(offsets_rc(r, 0))) - col_base;
       CUTE_UNROLL
       for (int c = 0; c < cute::size<1>(scores_rc); ++c) {
-        if (cute::get<1>(coords_rc(r, c)) >= limit) scores_rc(r, c) = -INFINITY;
+        if (cute::get<1>(offsets_rc(r, c)) >= limit) scores_rc(r, c) = -INFINITY;
       }
     }
   }

@@ -1,47 +1,69 @@
-// Tile shapes of the Ampere-path forward, one entry per head dim, chosen by measurement
-// (benchmarks/results/). Each is "BlockM, BlockN, Warps, Stages, QInRegs"; a build can
-// override one with -DFLASHCUTE_AMPERE_TILE_<hd>="..." (CMake: FLASHCUTE_AMPERE_TILE_DEFINES)
-// to measure alternatives without editing this table.
+// Tile shapes of the Ampere-path forward per head dim, one table per code generation:
+//  - sm90 code (H100/H200): measured on the bench grid (benchmarks/results/).
+//  - sm80 code (A100, and sm86/sm89, which allow only 99 KB of shared memory per block):
+//    every entry fits 99 KB. The same kernel symbol carries both (the device pass picks its
+//    table by __CUDA_ARCH__, the host by the loaded binary's PTX version), so the second
+//    table costs no extra instantiation.
+// Each entry is "BlockM, BlockN, Warps, Stages, QInRegs". The CMake list
+// FLASHCUTE_AMPERE_TILES="128=128,64,8,2,1;..." overrides sm90 entries for measurements.
 #pragma once
 
 #include <utility>
 
 #include "ampere/fwd_traits.h"
+#include "ampere_tile_overrides.h"  // generated
 
 #ifndef FLASHCUTE_AMPERE_TILE_32
-#define FLASHCUTE_AMPERE_TILE_32 128, 64, 8, 2, 1
+#define FLASHCUTE_AMPERE_TILE_32 128, 64, 4, 2, 1
 #endif
 #ifndef FLASHCUTE_AMPERE_TILE_64
-#define FLASHCUTE_AMPERE_TILE_64 128, 64, 8, 2, 1
+#define FLASHCUTE_AMPERE_TILE_64 64, 64, 4, 2, 1
 #endif
 #ifndef FLASHCUTE_AMPERE_TILE_96
-#define FLASHCUTE_AMPERE_TILE_96 128, 64, 8, 2, 1
+#define FLASHCUTE_AMPERE_TILE_96 128, 128, 8, 2, 1
 #endif
 #ifndef FLASHCUTE_AMPERE_TILE_128
-#define FLASHCUTE_AMPERE_TILE_128 128, 64, 8, 2, 1
+#define FLASHCUTE_AMPERE_TILE_128 128, 128, 8, 2, 1
 #endif
 #ifndef FLASHCUTE_AMPERE_TILE_192
-#define FLASHCUTE_AMPERE_TILE_192 128, 32, 8, 2, 0
+#define FLASHCUTE_AMPERE_TILE_192 128, 64, 8, 2, 0
 #endif
 #ifndef FLASHCUTE_AMPERE_TILE_256
-#define FLASHCUTE_AMPERE_TILE_256 128, 32, 8, 2, 0
+#define FLASHCUTE_AMPERE_TILE_256 128, 64, 8, 2, 0
+#endif
+
+// Which table the current compilation pass uses (the host pass: sm90, unused for tiles).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define FLASHCUTE_AMPERE_TILE_ARCH 80
+#else
+#define FLASHCUTE_AMPERE_TILE_ARCH 90
 #endif
 
 namespace flashcute::ampere {
 
-template <int kHeadDim> struct FwdTileConfig;
-template <> struct FwdTileConfig<32> { using type = std::integer_sequence<int, FLASHCUTE_AMPERE_TILE_32>; };
-template <> struct FwdTileConfig<64> { using type = std::integer_sequence<int, FLASHCUTE_AMPERE_TILE_64>; };
-template <> struct FwdTileConfig<96> { using type = std::integer_sequence<int, FLASHCUTE_AMPERE_TILE_96>; };
-template <> struct FwdTileConfig<128> { using type = std::integer_sequence<int, FLASHCUTE_AMPERE_TILE_128>; };
-template <> struct FwdTileConfig<192> { using type = std::integer_sequence<int, FLASHCUTE_AMPERE_TILE_192>; };
-template <> struct FwdTileConfig<256> { using type = std::integer_sequence<int, FLASHCUTE_AMPERE_TILE_256>; };
+template <int kHeadDim, int kArch> struct FwdTileConfig;
+template <int... kValues> using Tile = std::integer_sequence<int, kValues...>;
 
-template <class Element, int kHeadDim, class Config = typename FwdTileConfig<kHeadDim>::type>
+template <> struct FwdTileConfig<32, 90> { using type = Tile<FLASHCUTE_AMPERE_TILE_32>; };
+template <> struct FwdTileConfig<64, 90> { using type = Tile<FLASHCUTE_AMPERE_TILE_64>; };
+template <> struct FwdTileConfig<96, 90> { using type = Tile<FLASHCUTE_AMPERE_TILE_96>; };
+template <> struct FwdTileConfig<128, 90> { using type = Tile<FLASHCUTE_AMPERE_TILE_128>; };
+template <> struct FwdTileConfig<192, 90> { using type = Tile<FLASHCUTE_AMPERE_TILE_192>; };
+template <> struct FwdTileConfig<256, 90> { using type = Tile<FLASHCUTE_AMPERE_TILE_256>; };
+
+template <> struct FwdTileConfig<32, 80> { using type = Tile<128, 64, 4, 2, 1>; };   // 16 KB
+template <> struct FwdTileConfig<64, 80> { using type = Tile<64, 64, 4, 2, 1>; };    // 24 KB
+template <> struct FwdTileConfig<96, 80> { using type = Tile<128, 64, 8, 2, 1>; };   // 48 KB
+template <> struct FwdTileConfig<128, 80> { using type = Tile<128, 64, 8, 2, 1>; };  // 64 KB
+template <> struct FwdTileConfig<192, 80> { using type = Tile<128, 32, 8, 2, 0>; };  // 96 KB
+template <> struct FwdTileConfig<256, 80> { using type = Tile<64, 32, 4, 2, 0>; };   // 96 KB
+
+template <class Element, int kHeadDim, int kArch,
+          class Config = typename FwdTileConfig<kHeadDim, kArch>::type>
 struct FwdTraitsFor;
-template <class Element, int kHeadDim, int kBlockM, int kBlockN, int kNWarps, int kStages, int kQInRegs>
-struct FwdTraitsFor<Element, kHeadDim,
-                    std::integer_sequence<int, kBlockM, kBlockN, kNWarps, kStages, kQInRegs>> {
+template <class Element, int kHeadDim, int kArch, int kBlockM, int kBlockN, int kNWarps,
+          int kStages, int kQInRegs>
+struct FwdTraitsFor<Element, kHeadDim, kArch, Tile<kBlockM, kBlockN, kNWarps, kStages, kQInRegs>> {
   using type = FwdTraits<Element, kHeadDim, kBlockM, kBlockN, kNWarps, kStages, kQInRegs != 0>;
 };
 

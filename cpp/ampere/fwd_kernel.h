@@ -8,6 +8,7 @@
 #include <cute/tensor.hpp>
 #include <cute/arch/copy_sm80.hpp>
 
+#include "ampere/fwd_config.h"
 #include "fragment_views.h"
 #include "kernel_params.h"
 #include "mask.h"
@@ -43,6 +44,27 @@ CUTE_DEVICE void gemm_from_smem(Acc& acc, FragA const& frag_a, FragB const& frag
   }
 }
 
+// acc += P·V, P taken from the fp32 scores in registers and converted to Element one k-slice
+// (16 keys) at a time, so only a slice of P is live next to the scores.
+template <class Element, bool kLookahead, class Acc, class ScoresA, class FragB, class SmemB,
+          class ViewB, class TiledMma, class CopyB>
+CUTE_DEVICE void gemm_pv(Acc& acc, ScoresA const& scores_a, FragB const& frag_b, SmemB const& smem_b,
+                         ViewB&& view_b, TiledMma const& mma, CopyB const& copy_b) {
+  using namespace cute;
+  constexpr int kSlices = decltype(size<2>(scores_a))::value;
+  if constexpr (kLookahead) copy(copy_b, smem_b(_, _, _0{}), view_b(_, _, _0{}));
+  CUTE_UNROLL
+  for (int k = 0; k < kSlices; ++k) {
+    if constexpr (kLookahead) {
+      if (k + 1 < kSlices) copy(copy_b, smem_b(_, _, k + 1), view_b(_, _, k + 1));
+    } else {
+      copy(copy_b, smem_b(_, _, k), view_b(_, _, k));
+    }
+    Tensor p = convert_fragment<Element>(scores_a(_, _, k));
+    gemm(mma, p, frag_b(_, _, k), acc);
+  }
+}
+
 // Global -> shared copy of a (rows, headdim) tile whose rows past `valid_rows` are zero-filled
 // (zeros, not garbage: padded V rows meet P = 0, and 0 * NaN would poison the output).
 template <bool kPredicated, class TiledCopy, class Src, class Dst, class Coords>
@@ -60,8 +82,7 @@ CUTE_DEVICE void load_tile(TiledCopy const& tiled_copy, Src const& src, Dst&& ds
 }
 
 template <class Traits>
-__global__ void __launch_bounds__(Traits::kNThreads, 1)
-    fwd_kernel(__grid_constant__ const FwdKernelParams params) {
+CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
   using namespace cute;
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
@@ -120,8 +141,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   Tensor cQ = gmem_thr_copy.partition_S(make_identity_tensor(TileQ{}));
   Tensor cKV = gmem_thr_copy.partition_S(make_identity_tensor(TileKV{}));
 
-  // Issues the cp.async copies of key block n into a pipeline stage.
-  auto load_kv = [&](int n, int stage) {
+  // Issues the cp.async copies of key block n into a pipeline stage. Only the first block
+  // loaded (the highest one) can be partial; every refill inside the loop is a full block.
+  auto load_kv = [&](int n, int stage, auto may_be_partial) {
     Element* sk_ptr = stage_k(stage);
     Tensor sK = make_tensor(make_smem_ptr(sk_ptr), typename Traits::SmemLayoutKV{});
     Tensor sV = make_tensor(make_smem_ptr(sk_ptr + Traits::kKVElems), typename Traits::SmemLayoutKV{});
@@ -135,7 +157,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     Tensor tVgV = gmem_thr_copy.partition_S(gV);
     Tensor tVsV = gmem_thr_copy.partition_D(sV);
     const int valid = seqlen_k - n * kBlockN;
-    if (valid < kBlockN) {
+    if (decltype(may_be_partial)::value && valid < kBlockN) {
       load_tile<true>(gmem_copy, tKgK, tKsK, cKV, valid);
       load_tile<true>(gmem_copy, tVgV, tVsV, cKV, valid);
     } else {
@@ -169,15 +191,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
   OnlineSoftmax<kRows> softmax(params.scale_log2);
   const BlockMask mask{seqlen_k, diagonal_offset, params.causal};
-  Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
-  Tensor tScS_rc = make_tensor(tScS.data(), rowcol_layout(tScS.layout()));
+  // Score coordinates: this thread's first element plus offsets known at compile time.
+  Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});
+  Tensor tScS = thr_mma.partition_C(cS);
+  Tensor tScS0 = tiled_mma.get_thread_slice(0).partition_C(cS);
+  Tensor score_offsets_rc = make_tensor(tScS0.data(), rowcol_layout(tScS0.layout()));
+  const int thread_row = row0 + get<0>(tScS(0));
+  const int thread_col = get<1>(tScS(0));
 
   // Prologue: Q, then the first kStages-1 key blocks.
   load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gQ), gmem_thr_copy.partition_D(sQ), cQ,
                   seqlen_q - row0);
   cp_async_fence();
   int n = n_end - 1;
-  if (n >= 0) load_kv(n, 0);
+  if (n >= 0) load_kv(n, 0, cute::true_type{});
   cp_async_fence();
   if constexpr (Traits::kQInRegs) {
     cp_async_wait<1>();
@@ -187,7 +214,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   }
   CUTE_UNROLL
   for (int s = 1; s < kStages - 1; ++s) {
-    if (n - s >= 0) load_kv(n - s, s);
+    if (n - s >= 0) load_kv(n - s, s, cute::false_type{});
     cp_async_fence();
   }
 
@@ -197,7 +224,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     __syncthreads();  // block n_block visible; every warp is done with the stage refilled next
     const int refill = n_block - (kStages - 1);
     const int refill_stage = stage == 0 ? kStages - 1 : stage - 1;
-    if (refill >= 0) load_kv(refill, refill_stage);
+    if (refill >= 0) load_kv(refill, refill_stage, cute::false_type{});
     cp_async_fence();
 
     Element* sk_ptr = stage_k(stage);
@@ -206,17 +233,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
     clear(acc_s);
-    gemm_from_smem<Traits::kQInRegs, true>(acc_s, tSrQ, tSrK, tSsQ, tSrQ_view,
+    gemm_from_smem<Traits::kQInRegs, Traits::kLookaheadK>(acc_s, tSrQ, tSrK, tSsQ, tSrQ_view,
                                      smem_thr_copy_k.partition_S(sK), tSrK_view, tiled_mma,
                                      smem_copy_q, smem_copy_k);
     Tensor acc_s_rc = rowcol_view(acc_s);
-    if constexpr (decltype(masked)::value) mask.apply(acc_s_rc, tScS_rc, row0, n_block * kBlockN);
+    if constexpr (decltype(masked)::value)
+      mask.apply(acc_s_rc, score_offsets_rc, thread_row, n_block * kBlockN + thread_col);
     softmax.update(acc_s_rc, acc_o_rc);
 
-    Tensor p = convert_fragment<Element>(acc_s);
-    Tensor tOrP = make_tensor(p.data(), acc_to_a_operand_layout(p.layout()));
-    gemm_from_smem<true, (kHeadDim <= 128)>(acc_o, tOrP, tOrVt, tOrP, tOrP, smem_thr_copy_v.partition_S(sVt),
-                         tOrVt_view, tiled_mma, smem_copy_v, smem_copy_v);
+    Tensor scores_a = make_tensor(acc_s.data(), acc_to_a_operand_layout(acc_s.layout()));
+    gemm_pv<Element, false>(acc_o, scores_a, tOrVt, smem_thr_copy_v.partition_S(sVt),
+                                        tOrVt_view, tiled_mma, smem_copy_v);
     stage = stage + 1 == kStages ? 0 : stage + 1;
   };
 
@@ -261,6 +288,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   for (int m = 0; m < size<1>(tOgO); ++m) {
     if (row0 + get<0>(tOcO(0, m, 0)) < seqlen_q) copy(gmem_copy_o, tOrO(_, m, _), tOgO(_, m, _));
   }
+}
+
+// One kernel symbol per (dtype, head dim); its tile shapes follow the code generation it was
+// compiled for (see fwd_config.h).
+template <class Element, int kHeadDim>
+__global__ void __launch_bounds__(
+    FwdTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type::kNThreads, 1)
+    fwd_kernel(__grid_constant__ const FwdKernelParams params) {
+#if defined(__CUDA_ARCH__)
+  fwd_block<typename FwdTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type>(params);
+#endif
 }
 
 }  // namespace flashcute::ampere

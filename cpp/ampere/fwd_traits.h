@@ -26,6 +26,10 @@ struct FwdTraits {
   // shared memory each block (for large head dims, where registers run out).
   static constexpr bool kQInRegs = kQInRegs_;
   static_assert(kStages >= 2);
+  // Rows of Q each warp owns; with 32 rows the accumulators leave no registers for reading
+  // the next K slice early (measured: spills), with 16 they do.
+  static constexpr int kRowsPerWarp = kBlockM / kNWarps;
+  static constexpr bool kLookaheadK = kRowsPerWarp <= 16;
   static_assert(kBlockM % (16 * kNWarps) == 0 && kBlockN % 16 == 0 && kHeadDim % 32 == 0);
 
   using MmaAtom = std::conditional_t<std::is_same_v<Element, cutlass::half_t>,
