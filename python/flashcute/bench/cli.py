@@ -1,0 +1,214 @@
+"""The command line of ``python -m flashcute.bench``: argument parsing and :func:`main`."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from collections.abc import Sequence
+
+from . import grid, impls, report, timing
+
+_PROG = "python -m flashcute.bench"
+
+
+def _int_list(text: str) -> list[int]:
+    """argparse type: comma-separated positive integers."""
+    try:
+        values = [int(tok) for tok in text.split(",") if tok.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one integer")
+    if any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"values must be positive, got {text!r}")
+    return values
+
+
+def _impl_list(text: str) -> list[str]:
+    """argparse type: comma-separated implementation names, or ``all``."""
+    names = [tok.strip() for tok in text.split(",") if tok.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("expected at least one implementation")
+    if names == ["all"]:
+        return list(grid.IMPLS)
+    unknown = [n for n in names if n not in grid.IMPLS]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown implementation(s) {', '.join(unknown)}; "
+            f"choose from {', '.join(grid.IMPLS)} or 'all'"
+        )
+    # Canonical order, no duplicates.
+    return [impl for impl in grid.IMPLS if impl in names]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Create the argument parser of ``python -m flashcute.bench``."""
+    parser = argparse.ArgumentParser(
+        prog=_PROG,
+        description=(
+            "Forward attention TFLOP/s of flashcute vs PyTorch SDPA on the "
+            f"FlashAttention-3 grid (batch*seqlen={grid.TOTAL_TOKENS}, "
+            f"nheads*hdim={grid.TOTAL_HIDDEN})."
+        ),
+    )
+    add = parser.add_argument
+    for flag, what, default, quick in (
+        ("--hdims", "head dims", grid.DEFAULT_HDIMS, grid.QUICK_HDIMS),
+        ("--seqlens", "sequence lengths", grid.DEFAULT_SEQLENS, grid.QUICK_SEQLENS),
+    ):
+        add(flag, type=_int_list, default=None,
+            help=f"comma-separated {what} (default: {','.join(map(str, default))}; "
+            f"with --quick: {','.join(map(str, quick))})")
+    add("--causal", choices=("both", "yes", "no"), default="both",
+        help="which masks to run (default: both)")
+    add("--dtype", choices=grid.DTYPE_CHOICES, default="bf16", help="default: bf16")
+    add("--impls", type=_impl_list, default=None,
+        help=f"comma-separated subset of {', '.join(grid.IMPLS)} (default: all available)")
+    add("--bwd", action="store_true",
+        help="also time the backward pass (SDPA via autograd; flashcute when "
+        "it provides a backward)")
+    add("--check", action="store_true",
+        help=f"compare each flashcute config against SDPA first and abort if "
+        f"the max abs error exceeds {grid.CHECK_ATOL:g}")
+    add("--json", metavar="PATH", help="write results as JSON")
+    add("--plot", metavar="PATH", help="write a PNG of TFLOP/s vs seqlen (needs matplotlib)")
+    add("--quick", action="store_true",
+        help="smoke run: hdim 128, seqlens 512,2048,8192, short timing")
+    for flag, what, default_ms, quick_ms in (
+        ("--warmup", "warm-up", grid.DEFAULT_WARMUP_MS, grid.QUICK_WARMUP_MS),
+        ("--rep", "measurement", grid.DEFAULT_REP_MS, grid.QUICK_REP_MS),
+    ):
+        add(flag, type=float, default=None, metavar="MS",
+            help=f"{what} time per measurement in ms (default: {default_ms:g}, "
+            f"--quick: {quick_ms:g})")
+    add("--seed", type=int, default=0, help="RNG seed (default: 0)")
+    add("--no-progress", action="store_true", help="do not draw a progress bar")
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse and validate the command line, resolving ``--quick`` defaults.
+
+    After parsing, ``hdims``/``seqlens`` are lists of ints, ``causals`` a list
+    of bools, ``impls`` a list of names (``None`` meaning "all available"),
+    and ``warmup``/``rep`` floats in milliseconds.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for name, default, quick in (
+        ("hdims", list(grid.DEFAULT_HDIMS), list(grid.QUICK_HDIMS)),
+        ("seqlens", list(grid.DEFAULT_SEQLENS), list(grid.QUICK_SEQLENS)),
+        ("warmup", grid.DEFAULT_WARMUP_MS, grid.QUICK_WARMUP_MS),
+        ("rep", grid.DEFAULT_REP_MS, grid.QUICK_REP_MS),
+    ):
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else default)
+    if args.warmup < 0 or args.rep <= 0:
+        parser.error("--warmup must be >= 0 and --rep > 0")
+    args.causals = causal_values(args.causal)
+    try:
+        grid.validate_grid(args.hdims, args.seqlens)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return args
+
+
+def causal_values(choice: str) -> list[bool]:
+    """Map ``--causal both|yes|no`` to the list of causal flags to run."""
+    try:
+        return {"both": [False, True], "yes": [True], "no": [False]}[choice]
+    except KeyError:
+        raise ValueError(f"--causal must be one of both|yes|no, got {choice!r}") from None
+
+
+def _fail(message: str, code: int) -> int:
+    """Print ``flashcute.bench: message`` to stderr and return ``code``."""
+    print(f"flashcute.bench: {message}", file=sys.stderr)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m flashcute.bench``.
+
+    Exit codes: 0 on success, 1 on a benchmark error (including a failed
+    ``--check``), 2 on usage errors or when PyTorch/CUDA is missing.
+    """
+    args = parse_args(argv)
+    try:
+        torch = timing.require_cuda()
+    except grid.NoGPUError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    if args.plot:
+        try:
+            report.import_pyplot()  # fail before spending minutes benchmarking
+        except grid.BenchError as exc:
+            return _fail(str(exc), 2)
+
+    notes = grid.Notes()
+    requested = args.impls if args.impls is not None else grid.IMPLS
+    if any(i in grid.FLASHCUTE_IMPLS for i in requested):
+        fc, build_info, fc_error = impls.load_flashcute()
+    else:
+        fc, build_info, fc_error = None, {}, "not requested"
+    device_index = torch.cuda.current_device()
+    device_name = torch.cuda.get_device_name(device_index)
+    major, minor = torch.cuda.get_device_capability(device_index)
+    capability = (major, minor)
+    chosen = impls.select_impls(
+        args.impls, build_info, capability, fc_error, impls.has_cudnn_sdpa(), notes
+    )
+    if not chosen:
+        report.print_notes(notes)
+        return _fail("no implementation left to benchmark", 1)
+    if args.bwd:
+        for impl in chosen:
+            if not impls.backward_supported(impl):
+                notes.add(f"{impl}: no backward pass available, timing forward only")
+
+    fc_version = impls.flashcute_version(fc, build_info)
+    print(f"device: {device_name} (sm{major}{minor})  "
+          f"torch {torch.__version__}  flashcute {fc_version or 'n/a'}")
+    print(f"dtype {args.dtype}  batch*seqlen={grid.TOTAL_TOKENS}  "
+          f"nheads*hdim={grid.TOTAL_HIDDEN}  timer: {timing.timer_name()} "
+          f"(median, warmup {args.warmup:g} ms, rep {args.rep:g} ms)")
+    print("values: fwd TFLOP/s; ratios: flashcute-X / sdpa-Y fwd TFLOP/s")
+    sys.stdout.flush()
+
+    configs = grid.build_grid(args.hdims, args.seqlens, args.causals, args.dtype)
+    progress = report.make_progress(len(configs) * len(chosen), enabled=not args.no_progress)
+    try:
+        with contextlib.closing(progress):
+            rows = timing.run_benchmark(
+                configs, chosen, build_info=build_info, capability=capability,
+                warmup_ms=args.warmup, rep_ms=args.rep, bwd=args.bwd, check=args.check,
+                seed=args.seed, notes=notes, progress=progress,
+            )
+    except grid.CheckError as exc:
+        report.print_notes(notes)
+        return _fail(str(exc), 1)
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+
+    print()
+    print(report.format_table(rows, chosen))
+    sys.stdout.flush()
+    report.print_notes(notes)
+
+    if args.json:
+        report.write_json(args.json, report.results_to_json(
+            rows, device=device_name, torch_version=str(torch.__version__),
+            flashcute_version=fc_version, dtype=args.dtype, notes=notes.as_list(),
+        ))
+        print(f"wrote {args.json}", file=sys.stderr)
+    if args.plot:
+        try:
+            title = f"{device_name}, {args.dtype}, forward attention"
+            report.plot_results(rows, args.plot, title=title)
+        except grid.BenchError as exc:
+            return _fail(str(exc), 1)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0

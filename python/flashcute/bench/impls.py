@@ -1,0 +1,259 @@
+"""The implementations: availability, lazy access to flashcute, and their callables.
+
+The availability helpers are pure; everything that runs an implementation
+imports ``torch`` (and ``flashcute``) only when called.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from .grid import FLASHCUTE_IMPLS, IMPLS, SDPA_IMPLS, Notes, short_impl
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from torch import Tensor
+
+#: What ``flashcute.build_info()`` returns (``None`` or ``{}`` when unknown).
+BuildInfo = Optional[Mapping[str, Any]]
+
+_DTYPE_ALIASES: dict[str, frozenset[str]] = {
+    "bf16": frozenset({"bf16", "bfloat16", "torch.bfloat16"}),
+    "fp16": frozenset({"fp16", "float16", "half", "torch.float16"}),
+}
+
+
+def short_error(exc: BaseException) -> str:
+    """``Type: first line of message`` (SDPA errors can be very long)."""
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    if len(first) > 200:
+        first = first[:197] + "..."
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def _dtype_supported(dtype: str, listed: Iterable[Any] | None) -> bool:
+    """Whether ``dtype`` appears in a build_info dtype list (absent/empty: no limit)."""
+    if not listed:
+        return True
+    aliases = _DTYPE_ALIASES.get(dtype, frozenset({dtype}))
+    return any(str(item).lower() in aliases for item in listed)
+
+
+def _head_dims(listed: Iterable[Any] | None) -> list[int]:
+    """Normalize a build_info head-dim list to sorted ints."""
+    out: set[int] = set()
+    for item in listed or ():
+        with contextlib.suppress(TypeError, ValueError):
+            out.add(int(item))
+    return sorted(out)
+
+
+def _hopper_reason(impl: str, capability: tuple[int, int]) -> str | None:
+    """Why ``impl`` cannot run on this device's architecture, or ``None``."""
+    if impl == "flashcute-hopper" and capability[0] != 9:
+        return (
+            f"{impl} skipped: needs an sm90 device, this one is "
+            f"sm{capability[0]}{capability[1]}"
+        )
+    return None
+
+
+def _backend_info(backend: str, build_info: BuildInfo) -> Any:
+    """The ``build_info()["backends"][backend]`` entry, or ``None``."""
+    return ((build_info or {}).get("backends") or {}).get(backend)
+
+
+def impl_skip_reason(
+    impl: str, hdim: int, dtype: str, build_info: BuildInfo, capability: tuple[int, int]
+) -> str | None:
+    """Why ``impl`` cannot run ``(hdim, dtype)`` here, or ``None`` if it can.
+
+    Only flashcute implementations are filtered up front (from
+    ``flashcute.build_info()`` and the device's compute capability); SDPA
+    backends are tried and any exception is reported as a note instead.
+    """
+    if impl not in FLASHCUTE_IMPLS:
+        return None
+    backend = short_impl(impl)
+    reason = _hopper_reason(impl, capability)
+    if reason is not None:
+        return reason
+    info = _backend_info(backend, build_info)
+    if not info:
+        return f"{impl} skipped: the flashcute build has no {backend!r} backend"
+    head_dims = _head_dims(info.get("head_dims"))
+    if hdim not in head_dims:
+        return (
+            f"{impl} skipped for hdim={hdim}: build supports head dims "
+            f"{head_dims or 'none'}"
+        )
+    if not _dtype_supported(dtype, info.get("dtypes")):
+        return (
+            f"{impl} skipped for {dtype}: build supports dtypes "
+            f"{list(info.get('dtypes') or [])}"
+        )
+    return None
+
+
+def impl_unavailable_reason(
+    impl: str, build_info: BuildInfo, capability: tuple[int, int],
+    flashcute_error: str | None, has_cudnn_sdpa: bool,
+) -> str | None:
+    """Why ``impl`` is unavailable for the whole run, or ``None``.
+
+    Unavailable implementations get no table column; implementations that
+    only lack some head dims are handled per row by :func:`impl_skip_reason`.
+    """
+    if impl in FLASHCUTE_IMPLS:
+        if flashcute_error is not None:
+            return f"{impl} skipped: flashcute is not usable ({flashcute_error})"
+        backend = short_impl(impl)
+        reason = _hopper_reason(impl, capability)
+        if reason is not None:
+            return reason
+        info = _backend_info(backend, build_info)
+        if not info or not _head_dims(info.get("head_dims")):
+            return f"{impl} skipped: the flashcute build has no {backend!r} kernels"
+        return None
+    if impl == "sdpa-cudnn" and not has_cudnn_sdpa:
+        return f"{impl} skipped: this PyTorch has no SDPBackend.CUDNN_ATTENTION"
+    return None
+
+
+def select_impls(
+    requested: Sequence[str] | None, build_info: Mapping[str, Any], capability: tuple[int, int],
+    flashcute_error: str | None, cudnn_sdpa: bool, notes: Notes,
+) -> list[str]:
+    """The implementations to run; unavailable ones are dropped with a note."""
+    candidates = list(requested if requested is not None else IMPLS)
+    if flashcute_error is not None:
+        dropped = [i for i in candidates if i in FLASHCUTE_IMPLS]
+        if dropped:
+            notes.add(
+                f"flashcute is not usable ({flashcute_error}); skipping " + ", ".join(dropped)
+            )
+        candidates = [i for i in candidates if i not in FLASHCUTE_IMPLS]
+    chosen: list[str] = []
+    for impl in candidates:
+        reason = impl_unavailable_reason(impl, build_info, capability, flashcute_error, cudnn_sdpa)
+        if reason is None:
+            chosen.append(impl)
+        else:
+            notes.add(reason)
+    return chosen
+
+
+def _import_flashcute() -> Any:
+    """Import and return the ``flashcute`` package (raises on failure)."""
+    import flashcute  # noqa: PLC0415 - deliberately lazy
+
+    if not callable(getattr(flashcute, "attention", None)):
+        raise ImportError("flashcute.attention is not available")
+    return flashcute
+
+
+def flashcute_backward_available() -> bool:
+    """Whether the installed flashcute provides a backward pass.
+
+    The benchmark times the flashcute backward (through autograd on
+    ``flashcute.attention``) only when this returns ``True``.
+    """
+    try:
+        import flashcute  # noqa: PLC0415 - deliberately lazy
+    except Exception:  # noqa: BLE001 - any import failure means "no"
+        return False
+    return hasattr(flashcute, "attention_backward")
+
+
+def backward_supported(impl: str) -> bool:
+    """Whether ``--bwd`` times a backward pass for ``impl``."""
+    return impl in SDPA_IMPLS or (impl in FLASHCUTE_IMPLS and flashcute_backward_available())
+
+
+def load_flashcute() -> tuple[Any | None, dict[str, Any], str | None]:
+    """Return ``(module, build_info, error)``; ``module`` is None on failure."""
+    try:
+        fc = _import_flashcute()
+    except Exception as exc:  # noqa: BLE001 - report any failure as a note
+        return None, {}, short_error(exc)
+    info: dict[str, Any] = {}
+    build_info = getattr(fc, "build_info", None)
+    if callable(build_info):
+        try:
+            info = dict(build_info())
+        except Exception as exc:  # noqa: BLE001
+            return fc, {}, f"build_info() failed: {short_error(exc)}"
+    return fc, info, None
+
+
+def flashcute_version(fc: Any | None, build_info: Mapping[str, Any]) -> str | None:
+    """Best-effort flashcute version string."""
+    version = build_info.get("version") if build_info else None
+    if version is None and fc is not None:
+        version = getattr(fc, "__version__", None)
+    return None if version is None else str(version)
+
+
+def has_cudnn_sdpa() -> bool:
+    """Whether this PyTorch exposes ``SDPBackend.CUDNN_ATTENTION``."""
+    try:
+        from torch.nn.attention import SDPBackend  # noqa: PLC0415
+    except Exception:  # noqa: BLE001
+        return False
+    return hasattr(SDPBackend, "CUDNN_ATTENTION")
+
+
+def impl_context(impl: str) -> contextlib.AbstractContextManager[Any]:
+    """Context manager to enter around every call of ``impl``.
+
+    SDPA implementations are pinned to one backend with
+    ``torch.nn.attention.sdpa_kernel``; flashcute needs nothing.
+    """
+    if impl not in SDPA_IMPLS:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
+
+    backends = {
+        "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
+        "sdpa-flash": SDPBackend.FLASH_ATTENTION,
+    }
+    return sdpa_kernel(backends[impl])
+
+
+def make_forward_fn(
+    impl: str, q: Tensor, k: Tensor, v: Tensor, causal: bool
+) -> Callable[[], Tensor]:
+    """A zero-argument callable running one forward pass of ``impl``.
+
+    ``q, k, v`` are in ``(batch, seqlen, nheads, hdim)`` layout; SDPA gets
+    ``(batch, nheads, seqlen, hdim)`` transposed views and must be called
+    inside :func:`impl_context`.  The returned output is in the callee's
+    native layout.
+    """
+    if impl in FLASHCUTE_IMPLS:
+        fc = _import_flashcute()
+        backend = short_impl(impl)
+        return lambda: fc.attention(q, k, v, causal=causal, backend=backend)
+    if impl in SDPA_IMPLS:
+        import torch.nn.functional as F  # noqa: PLC0415
+
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        return lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+    raise ValueError(f"unknown implementation {impl!r}")
+
+
+def make_backward_fn(impl: str, q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Callable[[], Any]:
+    """A zero-argument callable running only the backward pass of ``impl``.
+
+    The forward runs once here (call inside :func:`impl_context`); the
+    callable computes ``torch.autograd.grad(out, (q, k, v), dout,
+    retain_graph=True)`` so that it can be repeated.
+    """
+    import torch  # noqa: PLC0415
+
+    qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
+    out = make_forward_fn(impl, qg, kg, vg, causal)()
+    dout = torch.randn_like(out)
+    return lambda: torch.autograd.grad(out, (qg, kg, vg), dout, retain_graph=True)

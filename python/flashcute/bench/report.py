@@ -1,0 +1,259 @@
+"""Output: the results table, JSON, the PNG plot, notes and the progress bar."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol, TextIO
+
+from .grid import IMPLS, BenchError, BenchRow, RowKey, short_impl
+
+
+def _ordered_impls(rows: Sequence[BenchRow]) -> list[str]:
+    """Implementations present in ``rows``: known ones first, in IMPLS order."""
+    present = {r.impl for r in rows}
+    return [i for i in IMPLS if i in present] + sorted(present - set(IMPLS))
+
+
+def _fmt_tflops(row: BenchRow | None, backward: bool = False) -> str:
+    value = None if row is None else row.bwd_tflops if backward else row.fwd_tflops
+    return "-" if value is None else f"{value:.1f}"
+
+
+def format_table(rows: Sequence[BenchRow], impls: Sequence[str] | None = None) -> str:
+    """Render results as a fixed-width text table.
+
+    One line per (dtype, hdim, causal, seqlen), in first-seen order; columns
+    are the forward TFLOP/s of each implementation, then the ratios
+    ``flashcute-X / sdpa-Y`` for each flashcute and SDPA implementation, then
+    backward TFLOP/s for implementations with backward results.  Missing
+    measurements show as ``-``.
+    """
+    impls = list(impls) if impls is not None else _ordered_impls(rows)
+    ratio_pairs = [
+        (f, s)
+        for f in impls if f.startswith("flashcute-")
+        for s in impls if s.startswith("sdpa-")
+    ]
+    bwd_impls = [i for i in impls if any(r.impl == i and r.bwd_tflops is not None for r in rows)]
+    by_key: dict[RowKey, dict[str, BenchRow]] = {}
+    first: dict[RowKey, BenchRow] = {}
+    for r in rows:
+        by_key.setdefault(r.key, {})[r.impl] = r
+        first.setdefault(r.key, r)
+
+    headers = ["dtype", "hdim", "causal", "seqlen", "batch", "nheads", *impls]
+    headers += [f"{short_impl(f)}/{short_impl(s)}" for f, s in ratio_pairs]
+    headers += [f"{i} bwd" for i in bwd_impls]
+
+    body: list[list[str]] = []
+    for key, per_impl in by_key.items():
+        m = first[key]
+        cells = [m.dtype, str(m.hdim), "yes" if m.causal else "no", str(m.seqlen),
+                 str(m.batch), str(m.nheads)]
+        cells += [_fmt_tflops(per_impl.get(i)) for i in impls]
+        for f, s in ratio_pairs:
+            if f in per_impl and s in per_impl and per_impl[s].fwd_tflops > 0:
+                cells.append(f"{per_impl[f].fwd_tflops / per_impl[s].fwd_tflops:.2f}x")
+            else:
+                cells.append("-")
+        cells += [_fmt_tflops(per_impl.get(i), backward=True) for i in bwd_impls]
+        body.append(cells)
+
+    widths = [max(map(len, column)) for column in zip(headers, *body)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) for c, w in zip(cells, widths)).rstrip()
+
+    out = [line(headers), "  ".join("-" * w for w in widths)]
+    groups = [key[:3] for key in by_key]  # (dtype, hdim, causal): blank line between
+    for idx, cells in enumerate(body):
+        if idx and groups[idx] != groups[idx - 1]:
+            out.append("")
+        out.append(line(cells))
+    if not body:
+        out.append("(no results)")
+    return "\n".join(out)
+
+
+def results_to_json(
+    rows: Sequence[BenchRow], *, device: str, torch_version: str,
+    flashcute_version: str | None, dtype: str, notes: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The JSON document written by ``--json``."""
+    return {
+        "device": device,
+        "torch": torch_version,
+        "flashcute": flashcute_version,
+        "dtype": dtype,
+        "rows": [r.to_dict() for r in rows],
+        "notes": list(notes),
+    }
+
+
+def _make_parent(path: str | os.PathLike[str]) -> None:
+    """Create the parent directory of ``path`` if needed."""
+    parent = os.path.dirname(os.fspath(path))
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+
+
+def write_json(path: str | os.PathLike[str], document: Mapping[str, Any]) -> None:
+    """Write ``document`` to ``path`` (parent directories are created)."""
+    _make_parent(path)
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(document, fh, indent=2)
+        fh.write("\n")
+
+
+def print_notes(notes: Iterable[str]) -> None:
+    """Print collected notes to stderr, one per line."""
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+
+
+def import_pyplot() -> Any:
+    """Import ``matplotlib.pyplot`` with the Agg backend, or raise BenchError."""
+    try:
+        import matplotlib  # noqa: PLC0415
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+    except ImportError as exc:
+        raise BenchError(
+            "--plot needs matplotlib, which is not installed "
+            "(pip install matplotlib), or drop --plot"
+        ) from exc
+    return plt
+
+
+def plot_results(
+    rows: Sequence[BenchRow], path: str | os.PathLike[str], *, title: str = ""
+) -> None:
+    """PNG of TFLOP/s vs seqlen: one subplot per (hdim, causal), one line per impl.
+
+    Forward results are solid lines; backward results, when present, dashed.
+    """
+    plt = import_pyplot()
+    hdims = sorted({r.hdim for r in rows})
+    causals = sorted({r.causal for r in rows})
+    seqlens = sorted({r.seqlen for r in rows})
+    impls = _ordered_impls(rows)
+    nrows, ncols = max(1, len(hdims)), max(1, len(causals))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.5 * ncols, 3.8 * nrows), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key().get("color", [None])
+    for ri, hdim in enumerate(hdims):
+        for ci, causal in enumerate(causals):
+            ax = axes[ri][ci]
+            for ii, impl in enumerate(impls):
+                sel = sorted(
+                    (r for r in rows if r.impl == impl and r.hdim == hdim and r.causal == causal),
+                    key=lambda r: r.seqlen,
+                )
+                if not sel:
+                    continue
+                color = colors[ii % len(colors)]
+                ax.plot([r.seqlen for r in sel], [r.fwd_tflops for r in sel],
+                        marker="o", color=color, label=f"{impl} fwd")
+                bwd = [r for r in sel if r.bwd_tflops is not None]
+                if bwd:
+                    ax.plot([r.seqlen for r in bwd], [r.bwd_tflops for r in bwd],
+                            marker="s", linestyle="--", color=color, label=f"{impl} bwd")
+            ax.set_xscale("log", base=2)
+            if seqlens:
+                ax.set_xticks(seqlens)
+                ax.set_xticklabels([str(s) for s in seqlens])
+            ax.set_title(f"hdim={hdim}, {'causal' if causal else 'non-causal'}")
+            ax.set_xlabel("seqlen")
+            ax.set_ylabel("TFLOP/s")
+            ax.set_ylim(bottom=0)
+            ax.grid(True, alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize="small")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    _make_parent(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+class Progress(Protocol):
+    """What the run loop needs from a progress bar (tqdm fits)."""
+
+    def set_postfix_str(self, text: str, /) -> Any: ...  # noqa: D102
+
+    def update(self, n: int = 1) -> Any: ...  # noqa: D102
+
+    def close(self) -> None: ...  # noqa: D102
+
+
+class SimpleProgress:
+    """Minimal one-line ``\\r`` progress bar (used when tqdm is missing)."""
+
+    def __init__(
+        self, total: int, desc: str = "", file: TextIO | None = None, width: int = 30
+    ) -> None:
+        self.total = max(total, 0)
+        self.n = 0
+        self.desc = desc
+        self.file = file if file is not None else sys.stderr
+        self.width = width
+        self._postfix = ""
+        self._last_len = 0
+        self._render()
+
+    def _render(self) -> None:
+        frac = self.n / self.total if self.total else 1.0
+        filled = int(round(frac * self.width))
+        bar = "#" * filled + "." * (self.width - filled)
+        text = f"{self.desc} [{bar}] {self.n}/{self.total}"
+        if self._postfix:
+            text += f" {self._postfix}"
+        pad = max(0, self._last_len - len(text))
+        self.file.write("\r" + text + " " * pad)
+        self.file.flush()
+        self._last_len = len(text)
+
+    def set_postfix_str(self, text: str) -> None:
+        """Show ``text`` after the counter."""
+        self._postfix = text
+        self._render()
+
+    def update(self, n: int = 1) -> None:
+        """Advance by ``n`` steps."""
+        self.n = min(self.total, self.n + n)
+        self._render()
+
+    def close(self) -> None:
+        """Erase the bar."""
+        self.file.write("\r" + " " * self._last_len + "\r")
+        self.file.flush()
+
+
+class _NullProgress:
+    """Progress sink that draws nothing (``--no-progress``)."""
+
+    def set_postfix_str(self, text: str) -> None:
+        pass
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def make_progress(total: int, *, enabled: bool = True) -> Progress:
+    """A progress bar on stderr: tqdm if importable, else :class:`SimpleProgress`."""
+    if not enabled:
+        return _NullProgress()
+    try:
+        from tqdm import tqdm  # noqa: PLC0415
+    except ImportError:
+        return SimpleProgress(total, desc="flashcute.bench", file=sys.stderr)
+    bar: Progress = tqdm(total=total, desc="flashcute.bench", file=sys.stderr, leave=False,
+                         dynamic_ncols=True)
+    return bar

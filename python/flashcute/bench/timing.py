@@ -1,0 +1,256 @@
+"""Measurements: CUDA setup, inputs, timers, the ``--check`` comparison and the run loop.
+
+Everything here imports ``torch`` (and ``triton`` when present) only when called.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable
+
+from .grid import (
+    CHECK_ATOL,
+    FLASHCUTE_IMPLS,
+    BenchConfig,
+    BenchRow,
+    CheckError,
+    NoGPUError,
+    Notes,
+    config_flops,
+    tflops_from_ms,
+)
+from .impls import (
+    backward_supported,
+    impl_context,
+    impl_skip_reason,
+    make_backward_fn,
+    make_forward_fn,
+    short_error,
+)
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from torch import Tensor
+
+    from .report import Progress
+
+NO_GPU_MESSAGE: str = "flashcute.bench needs a CUDA GPU and PyTorch with CUDA; {detail}"
+
+
+def require_cuda() -> Any:
+    """Import torch and check for a CUDA device; raise :class:`NoGPUError`."""
+    try:
+        import torch  # noqa: PLC0415 - deliberately lazy
+    except Exception as exc:  # noqa: BLE001
+        raise NoGPUError(
+            NO_GPU_MESSAGE.format(detail=f"PyTorch could not be imported ({short_error(exc)})")
+        ) from exc
+    if not torch.cuda.is_available():
+        cuda = getattr(torch.version, "cuda", None)
+        detail = (
+            f"torch.cuda.is_available() is False (torch {torch.__version__}, "
+            f"built with CUDA {cuda})"
+            if cuda
+            else f"torch {torch.__version__} was built without CUDA"
+        )
+        raise NoGPUError(NO_GPU_MESSAGE.format(detail=detail))
+    return torch
+
+
+def make_inputs(
+    cfg: BenchConfig, *, seed: int = 0, device: str = "cuda"
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Random q, k, v of shape ``(batch, seqlen, nheads, hdim)`` on ``device``."""
+    import torch  # noqa: PLC0415
+
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    shape = (cfg.batch, cfg.seqlen, cfg.nheads, cfg.hdim)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[cfg.dtype]
+    q, k, v = (torch.randn(shape, generator=gen, device=device, dtype=dtype) for _ in range(3))
+    return q, k, v
+
+
+def _triton_do_bench() -> Callable[..., Any] | None:
+    """``triton.testing.do_bench`` if triton imports, else ``None``."""
+    try:
+        from triton.testing import do_bench  # noqa: PLC0415
+    except Exception:  # noqa: BLE001 - triton missing or broken
+        return None
+    return do_bench
+
+
+def timer_name() -> str:
+    """Which timer :func:`time_fn` will use, for the output header."""
+    return "triton.testing.do_bench" if _triton_do_bench() else "CUDA events"
+
+
+def cuda_event_bench(
+    fn: Callable[[], Any], *, warmup_ms: float, rep_ms: float, min_reps: int = 5
+) -> float:
+    """Median runtime of ``fn`` in ms, measured with CUDA events.
+
+    Runs ``fn`` for about ``warmup_ms`` to warm up, then times each call
+    individually for about ``rep_ms`` (at least ``min_reps`` calls),
+    flushing the L2 cache before each timed call.
+    """
+    import torch  # noqa: PLC0415
+
+    def event() -> Any:
+        return torch.cuda.Event(enable_timing=True)
+
+    fn()
+    torch.cuda.synchronize()
+    # Estimate the per-call time from a few calls.
+    start, end = event(), event()
+    start.record()
+    for _ in range(5):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    estimate = max(start.elapsed_time(end) / 5, 1e-3)
+    n_warmup = max(1, int(warmup_ms / estimate))
+    n_rep = max(min_reps, int(rep_ms / estimate))
+
+    cache = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+    events = [(event(), event()) for _ in range(n_rep)]
+    for _ in range(n_warmup):
+        fn()
+    for start, end in events:
+        cache.zero_()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
+def time_fn(fn: Callable[[], Any], *, warmup_ms: float, rep_ms: float) -> float:
+    """Median runtime of ``fn`` in milliseconds.
+
+    Uses ``triton.testing.do_bench(..., return_mode="median")`` when triton
+    is importable, else :func:`cuda_event_bench`.
+    """
+    do_bench = _triton_do_bench()
+    if do_bench is not None:
+        return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+    return cuda_event_bench(fn, warmup_ms=warmup_ms, rep_ms=rep_ms)
+
+
+def time_impl(
+    impl: str, cfg: BenchConfig, q: Tensor, k: Tensor, v: Tensor,
+    *, warmup_ms: float, rep_ms: float, bwd: bool, notes: Notes,
+) -> BenchRow | None:
+    """Time ``impl`` on one configuration; ``None`` (plus a note) if it fails.
+
+    With ``bwd=True`` the backward pass is also timed for implementations
+    that have one; a backward failure keeps the forward result.
+    """
+    with warnings.catch_warnings():
+        # SDPA explains at length why a pinned backend refuses an input;
+        # the exception already says it and the warnings would break the bar.
+        warnings.simplefilter("ignore")
+        with impl_context(impl):
+            try:
+                fn = make_forward_fn(impl, q, k, v, cfg.causal)
+                fwd_ms = time_fn(fn, warmup_ms=warmup_ms, rep_ms=rep_ms)
+            except Exception as exc:  # noqa: BLE001 - unsupported config
+                notes.add(f"{impl} failed on {cfg.label}: {short_error(exc)}")
+                return None
+            bwd_tflops: float | None = None
+            if bwd and backward_supported(impl):
+                try:
+                    fn = make_backward_fn(impl, q, k, v, cfg.causal)
+                    bwd_ms = time_fn(fn, warmup_ms=warmup_ms, rep_ms=rep_ms)
+                    bwd_tflops = tflops_from_ms(config_flops(cfg, backward=True), bwd_ms)
+                except Exception as exc:  # noqa: BLE001
+                    notes.add(f"{impl} backward failed on {cfg.label}: {short_error(exc)}")
+    return BenchRow.from_config(impl, cfg, tflops_from_ms(config_flops(cfg), fwd_ms), bwd_tflops)
+
+
+def reference_output(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
+    """SDPA output in ``(batch, seqlen, nheads, hdim)`` layout.
+
+    PyTorch picks among its backends (flash, cuDNN, efficient, math).
+    """
+    import torch  # noqa: PLC0415
+    import torch.nn.functional as F  # noqa: PLC0415
+
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal
+        )
+    return out.transpose(1, 2)
+
+
+def check_impl(
+    impl: str, cfg: BenchConfig, q: Tensor, k: Tensor, v: Tensor, ref: Tensor,
+    *, atol: float = CHECK_ATOL,
+) -> None:
+    """Raise :class:`CheckError` if ``impl`` deviates from ``ref`` by > ``atol``.
+
+    Exceptions raised by ``impl`` itself propagate (the caller treats them
+    as "unsupported configuration").
+    """
+    import torch  # noqa: PLC0415
+
+    with torch.no_grad():
+        out = make_forward_fn(impl, q, k, v, cfg.causal)()
+    torch.cuda.synchronize()
+    shape_note, err = "", math.inf  # max |out - ref| in fp32; inf on mismatch or NaN/inf
+    if tuple(out.shape) != tuple(ref.shape):
+        shape_note = f" (output shape {tuple(out.shape)}, expected {tuple(ref.shape)})"
+    else:
+        err = float((out.float() - ref.float()).abs().max().item())
+        err = err if math.isfinite(err) else math.inf
+    if not err <= atol:
+        raise CheckError(
+            f"--check failed: {impl} on {cfg.label}: max abs error {err:.3e} "
+            f"> {atol:g} vs PyTorch SDPA{shape_note}; refusing to benchmark a "
+            f"kernel that gives wrong results"
+        )
+
+
+def run_benchmark(
+    grid: Sequence[BenchConfig], impls: Sequence[str], *, build_info: Mapping[str, Any],
+    capability: tuple[int, int], warmup_ms: float, rep_ms: float, bwd: bool, check: bool,
+    seed: int, notes: Notes, progress: Progress,
+) -> list[BenchRow]:
+    """Measure every implementation on every configuration of ``grid``.
+
+    Raises :class:`CheckError` when ``check`` is set and a flashcute output
+    disagrees with SDPA.
+    """
+    import torch  # noqa: PLC0415
+
+    rows: list[BenchRow] = []
+    for cfg in grid:
+        q, k, v = make_inputs(cfg, seed=seed)
+        ref: Tensor | None = None
+        for impl in impls:
+            mask = "causal" if cfg.causal else "full"
+            progress.set_postfix_str(f"{impl} hdim={cfg.hdim} {mask} s={cfg.seqlen}")
+            reason = impl_skip_reason(impl, cfg.hdim, cfg.dtype, build_info, capability)
+            if reason is None and check and impl in FLASHCUTE_IMPLS:
+                if ref is None:
+                    ref = reference_output(q, k, v, cfg.causal)
+                try:
+                    check_impl(impl, cfg, q, k, v, ref)
+                except CheckError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - unsupported config
+                    reason = f"{impl} failed on {cfg.label}: {short_error(exc)}"
+            if reason is not None:
+                notes.add(reason)
+            else:
+                row = time_impl(impl, cfg, q, k, v, warmup_ms=warmup_ms, rep_ms=rep_ms,
+                                bwd=bwd, notes=notes)
+                if row is not None:
+                    rows.append(row)
+            progress.update(1)
+        del q, k, v, ref
+        torch.cuda.empty_cache()
+    return rows
