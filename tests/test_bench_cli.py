@@ -6,7 +6,6 @@ None of these tests needs a GPU or the compiled flashcute extension.
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import pytest

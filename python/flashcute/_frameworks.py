@@ -4,7 +4,7 @@ A framework is recognised by the type of the object, only when that framework's 
 already imported (``sys.modules``); nothing here imports torch, cupy or jax on its own.
 
 Each adapter knows how to
-  * allocate (``empty``, ``full``) on the device of an existing array, through the
+  * allocate (``empty``) on the device of an existing array, through the
     framework's own allocator;
   * name the caller's current CUDA stream (``stream``), on which the kernel is launched;
   * turn an array into an object that ``flashcute._C`` can read through DLPack (``export``).
@@ -50,14 +50,6 @@ class Framework:
         """Uninitialised array of ``shape``/``dtype_name`` on ``like``'s device."""
         raise NotImplementedError
 
-    def full(self, like: Any, shape: Shape, dtype_name: str, value: float) -> Any:
-        """Array of ``shape``/``dtype_name`` filled with ``value``, on ``like``'s device."""
-        raise NotImplementedError
-
-    def fill_(self, x: Any, value: float) -> None:
-        """Fill an existing array in place."""
-        raise NotImplementedError
-
     def stream(self, like: Any) -> int:
         """Handle of the caller's current CUDA stream on ``like``'s device."""
         raise NotImplementedError
@@ -86,17 +78,6 @@ class TorchFramework(Framework):
 
         return torch.empty(tuple(shape), dtype=self._dtype(dtype_name), device=like.device)
 
-    def full(self, like: Any, shape: Shape, dtype_name: str, value: float) -> Any:
-        import torch
-
-        return torch.full(tuple(shape), value, dtype=self._dtype(dtype_name), device=like.device)
-
-    def fill_(self, x: Any, value: float) -> None:
-        import torch
-
-        with torch.no_grad():
-            x.fill_(value)
-
     def stream(self, like: Any) -> int:
         import torch
 
@@ -122,18 +103,6 @@ class CupyFramework(Framework):
 
         with cupy.cuda.Device(like.device.id):
             return cupy.empty(tuple(shape), dtype=self._dtype(dtype_name))
-
-    def full(self, like: Any, shape: Shape, dtype_name: str, value: float) -> Any:
-        import cupy
-
-        with cupy.cuda.Device(like.device.id):
-            return cupy.full(tuple(shape), value, dtype=self._dtype(dtype_name))
-
-    def fill_(self, x: Any, value: float) -> None:
-        import cupy
-
-        with cupy.cuda.Device(x.device.id):
-            x.fill(value)
 
     def stream(self, like: Any) -> int:
         import cupy
@@ -182,17 +151,6 @@ class JaxFramework(Framework):
 
         # JAX cannot allocate uninitialised memory; jnp.empty is zeros as well.
         return self._create(jnp.zeros, like, shape, dtype_name)
-
-    def full(self, like: Any, shape: Shape, dtype_name: str, value: float) -> Any:
-        import jax.numpy as jnp
-
-        def fill(shape: Shape, dtype: Any, **kwargs: Any) -> Any:
-            return jnp.full(shape, value, dtype, **kwargs)
-
-        return self._create(fill, like, shape, dtype_name)
-
-    def fill_(self, x: Any, value: float) -> None:
-        raise TypeError("flashcute: jax arrays are immutable and cannot be filled in place")
 
     def stream(self, like: Any) -> int:
         return 0  # legacy default stream; synchronize_after is set

@@ -52,27 +52,10 @@ def _allocator(q: Any, out: Any, return_lse: bool) -> tuple[Optional[Framework],
 def _outputs(
     problem: ForwardProblem, alloc: Optional[Framework], like: Any, out: Any, return_lse: bool
 ) -> tuple[Any, Any]:
-    """The output and optional lse: allocated, or filled with 0 / -inf when seqlen_k == 0."""
-    no_keys = problem.seqlen_k == 0 and not problem.empty_output
-    if out is not None:
-        if no_keys:
-            out_adapter = framework_of(out)
-            if out_adapter is None:
-                raise TypeError(
-                    f"out: cannot fill a {type_name(out)} in place (needed for seqlen_k == 0); "
-                    "pass a torch.Tensor or cupy.ndarray as out"
-                )
-            out_adapter.fill_(out, 0.0)
-        result = out
-    elif no_keys:
-        result = alloc.full(like, problem.out_shape, problem.dtype, 0.0)
-    else:
-        result = alloc.empty(like, problem.out_shape, problem.dtype)
-    if not return_lse:
-        return result, None
-    if no_keys:
-        return result, alloc.full(like, problem.lse_shape, "float32", float("-inf"))
-    return result, alloc.empty(like, problem.lse_shape, "float32")
+    """The output (``out`` or a new array) and, when asked for, a new lse array."""
+    result = out if out is not None else alloc.empty(like, problem.out_shape, problem.dtype)
+    lse = alloc.empty(like, problem.lse_shape, "float32") if return_lse else None
+    return result, lse
 
 
 def attention(
@@ -105,8 +88,8 @@ def attention(
 
     Any strides work as long as the headdim dimension has unit stride and the others are
     positive, so ``x.transpose(1, 2)`` of a (batch, nheads, seqlen, headdim) tensor needs no
-    copy. Zero batch, sequence length or head count give empty (or, for seqlen_k == 0,
-    zero / -inf) results without a kernel launch.
+    copy. Zero batch, seqlen_q or head count give empty results without a kernel launch;
+    seqlen_k == 0 gives zeros and lse = -inf (every row has no key).
 
     Inputs may be torch tensors, cupy arrays or jax arrays; results are allocated by q's
     framework on q's device. Other DLPack objects are accepted when ``out`` is given (they
@@ -142,7 +125,7 @@ def attention(
     capability = int(ext.device_capability(problem.device_id))
     backend_code = choose_backend(backend, capability, headdim=problem.headdim, dtype=problem.dtype)
     result, lse = _outputs(problem, alloc, like, out, return_lse)
-    if not problem.empty_output and problem.seqlen_k > 0:
+    if not problem.empty_output:
         result_x = out_x if out is not None else result
         _launch(ext, problem, alloc, like, (q_x, k_x, v_x, result_x, lse), causal, backend_code)
     return (result, lse) if return_lse else result
