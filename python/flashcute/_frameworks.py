@@ -131,26 +131,21 @@ class JaxFramework(Framework):
             )
         return next(iter(devices))
 
-    def _create(self, fill: Any, like: Any, shape: Shape, dtype_name: str) -> Any:
+    def empty(self, like: Any, shape: Shape, dtype_name: str) -> Any:
         import jax
         import jax.numpy as jnp
 
         device = self._device(like)
         dtype = getattr(jnp, dtype_name)
+        # JAX cannot allocate uninitialised memory (jnp.empty is zeros as well).
         try:
-            result = fill(tuple(shape), dtype, device=device)
+            result = jnp.zeros(tuple(shape), dtype, device=device)
         except TypeError:  # jax without the device= keyword
             with jax.default_device(device):
-                result = fill(tuple(shape), dtype)
-        # The fill runs asynchronously on JAX's own stream; it must finish before the kernel
-        # (on another stream) writes into the buffer.
+                result = jnp.zeros(tuple(shape), dtype)
+        # The zero fill runs asynchronously on JAX's own stream; it must finish before the
+        # kernel (on another stream) writes into the buffer.
         return result.block_until_ready()
-
-    def empty(self, like: Any, shape: Shape, dtype_name: str) -> Any:
-        import jax.numpy as jnp
-
-        # JAX cannot allocate uninitialised memory; jnp.empty is zeros as well.
-        return self._create(jnp.zeros, like, shape, dtype_name)
 
     def stream(self, like: Any) -> int:
         return 0  # legacy default stream; synchronize_after is set
