@@ -1,9 +1,7 @@
 # Kernel instantiations are generated from option lists, one translation unit per
 # (dtype, head dim), so builds parallelize and a narrower list builds faster.
-set(_fc_supported_head_dims 32 64 96 128 192 256)
-
 function(flashcute_generate_kernels)
-  cmake_parse_arguments(ARG "" "TEMPLATE;PREFIX;OUT_SOURCES;OUT_XMACRO" "HEAD_DIMS;DTYPES" ${ARGN})
+  cmake_parse_arguments(ARG "" "TEMPLATE;PREFIX;OUT_SOURCES;OUT_XMACRO" "HEAD_DIMS;DTYPES;SUPPORTED" ${ARGN})
   set(sources "")
   set(xmacro "")
   foreach(dtype IN LISTS ARG_DTYPES)
@@ -19,8 +17,8 @@ function(flashcute_generate_kernels)
       message(FATAL_ERROR "FLASHCUTE_DTYPES: unknown dtype '${dtype}' (float16, bfloat16)")
     endif()
     foreach(FC_HEADDIM IN LISTS ARG_HEAD_DIMS)
-      if(NOT FC_HEADDIM IN_LIST _fc_supported_head_dims)
-        message(FATAL_ERROR "head dim ${FC_HEADDIM} not supported (${_fc_supported_head_dims})")
+      if(NOT FC_HEADDIM IN_LIST ARG_SUPPORTED)
+        message(FATAL_ERROR "${ARG_PREFIX}: head dim ${FC_HEADDIM} not supported (${ARG_SUPPORTED})")
       endif()
       set(out "${CMAKE_CURRENT_BINARY_DIR}/generated/${ARG_PREFIX}_${FC_DTYPE}_hd${FC_HEADDIM}.cu")
       configure_file(${ARG_TEMPLATE} ${out} @ONLY)

@@ -20,6 +20,12 @@ FwdLauncher find_fwd_launcher(Backend backend, DType dtype, int headdim) {
     FLASHCUTE_FOR_EACH_AMPERE_FWD(FLASHCUTE_MATCH_AMPERE_FWD)
 #undef FLASHCUTE_MATCH_AMPERE_FWD
   }
+  if (backend == Backend::kHopper) {
+#define FLASHCUTE_MATCH_HOPPER_FWD(name, dtype_enum, hd) \
+  if (dtype == DType::dtype_enum && headdim == hd) return &hopper::fwd_##name##_hd##hd;
+    FLASHCUTE_FOR_EACH_HOPPER_FWD(FLASHCUTE_MATCH_HOPPER_FWD)
+#undef FLASHCUTE_MATCH_HOPPER_FWD
+  }
   return nullptr;
 }
 
@@ -141,7 +147,13 @@ Status attention_forward(const AttentionForwardParams& params, Backend backend) 
 
   int capability = 0;
   if (Status s = device_capability(params.device, &capability); !s.ok()) return s;
-  if (backend == Backend::kAuto) backend = default_backend(capability);
+  if (backend == Backend::kAuto) {
+    backend = default_backend(capability);
+    // Head dims / dtypes the Hopper path does not build run on the Ampere path.
+    if (backend == Backend::kHopper &&
+        find_fwd_launcher(backend, params.dtype, static_cast<int>(params.headdim)) == nullptr)
+      backend = Backend::kAmpere;
+  }
   if (backend == Backend::kAmpere && capability < 80)
     return make_status(StatusCode::kNotSupported,
                        "the ampere path needs compute capability 8.0 or newer, the device has %d.%d",

@@ -1,4 +1,7 @@
-// Views of MMA register fragments used by the attention kernels (Ampere mma.sync m16n8 layouts).
+// Views of MMA register fragments used by the attention kernels: Ampere mma.sync m16n8
+// accumulators ((2, 2), MMA_M, MMA_N) and Hopper WGMMA accumulators ((2, 2, N/8), MMA_M, MMA_N).
+// Both put a thread's values at rows r, r+8 and column pairs of each 8-column group, so the
+// same softmax, mask and P conversion code serves both paths.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -13,8 +16,13 @@ template <class Layout>
 CUTE_HOST_DEVICE constexpr auto rowcol_layout(Layout const& acc) {
   using namespace cute;
   static_assert(rank(Layout{}) == 3);
-  return make_layout(make_layout(get<0, 1>(acc), get<1>(acc)),
-                     make_layout(get<0, 0>(acc), get<2>(acc)));
+  if constexpr (rank<0>(Layout{}) == 3) {
+    return make_layout(make_layout(get<0, 1>(acc), get<1>(acc)),
+                       make_layout(get<0, 0>(acc), get<0, 2>(acc), get<2>(acc)));
+  } else {
+    return make_layout(make_layout(get<0, 1>(acc), get<1>(acc)),
+                       make_layout(get<0, 0>(acc), get<2>(acc)));
+  }
 }
 
 template <class Tensor>
@@ -27,19 +35,28 @@ CUTE_HOST_DEVICE auto rowcol_view(Tensor&& t) {
 template <class Layout>
 CUTE_HOST_DEVICE constexpr auto acc_to_a_operand_layout(Layout const& acc) {
   using namespace cute;
-  auto split = logical_divide(acc, Shape<Underscore, Underscore, _2>{});  // ((2,2), M, (2, N/2))
-  return make_layout(make_layout(get<0>(split), get<2, 0>(split)), get<1>(split),
-                     get<2, 1>(split));
+  if constexpr (rank<0>(Layout{}) == 3) {
+    // WGMMA: ((2,2,N/8), M, N) -> ((2,2,2), M, N/16): the k16 A tile of the register-sourced
+    // P·V GEMM.
+    auto split = logical_divide(get<0>(acc), Shape<Underscore, Underscore, _2>{});
+    return make_layout(make_layout(get<0>(split), get<1>(split), get<2, 0>(split)), get<1>(acc),
+                       coalesce(make_layout(get<2, 1>(split), get<2>(acc))));
+  } else {
+    auto split = logical_divide(acc, Shape<Underscore, Underscore, _2>{});  // ((2,2), M, (2, N/2))
+    return make_layout(make_layout(get<0>(split), get<2, 0>(split)), get<1>(split),
+                       get<2, 1>(split));
+  }
 }
 
-// Element-wise conversion of a register fragment (e.g. float accumulators to fp16/bf16).
-template <class To, class Tensor>
-CUTE_DEVICE auto convert_fragment(Tensor const& t) {
-  using From = typename Tensor::value_type;
+// Element-wise conversion of a register fragment into another of the same size (e.g. float
+// accumulators to fp16/bf16), in packed 2-wide conversions.
+template <class Src, class Dst>
+CUTE_DEVICE void convert_fragment_into(Src const& t, Dst&& out) {
+  using From = typename std::decay_t<Src>::value_type;
+  using To = typename std::decay_t<Dst>::value_type;
   constexpr int N = decltype(cute::size(t))::value;
-  static_assert(N % 2 == 0);
-  auto out = cute::make_tensor<To>(cute::make_layout(t.shape()));  // compact, same coordinates
-  cutlass::NumericArrayConverter<To, From, 2> convert;  // packed 2-wide conversions
+  static_assert(N % 2 == 0 && N == decltype(cute::size(out))::value);
+  cutlass::NumericArrayConverter<To, From, 2> convert;
   CUTE_UNROLL
   for (int i = 0; i < N; i += 2) {
     cutlass::Array<From, 2> pair;
@@ -49,6 +66,12 @@ CUTE_DEVICE auto convert_fragment(Tensor const& t) {
     out(i) = converted[0];
     out(i + 1) = converted[1];
   }
+}
+
+template <class To, class Tensor>
+CUTE_DEVICE auto convert_fragment(Tensor const& t) {
+  auto out = cute::make_tensor<To>(cute::make_layout(t.shape()));  // compact, same coordinates
+  convert_fragment_into(t, out);
   return out;
 }
 

@@ -33,4 +33,26 @@ struct BlockMask {
   }
 };
 
+// Key blocks of kBlockN keys that query rows [row0, row0 + rows) visit: blocks [0, n_end) hold a
+// key one of the rows may see; blocks >= n_unmasked need the mask for at least one row.
+struct KeyBlockRange {
+  int n_end;
+  int n_unmasked;
+};
+
+template <int kBlockN>
+CUTE_HOST_DEVICE KeyBlockRange key_block_range(int row0, int rows, int seqlen_q, int seqlen_k,
+                                               bool causal) {
+  const int diagonal_offset = seqlen_k - seqlen_q;
+  const int n_blocks_k = (seqlen_k + kBlockN - 1) / kBlockN;
+  int n_end = n_blocks_k;
+  int unmasked_keys = seqlen_k;
+  if (causal) {
+    const int key_bound = cute::min(row0 + rows, seqlen_q) + diagonal_offset;
+    n_end = key_bound <= 0 ? 0 : cute::min(n_blocks_k, (key_bound + kBlockN - 1) / kBlockN);
+    unmasked_keys = cute::max(0, cute::min(seqlen_k, row0 + diagonal_offset + 1));
+  }
+  return KeyBlockRange{n_end, unmasked_keys / kBlockN};
+}
+
 }  // namespace flashcute

@@ -39,9 +39,10 @@ struct OnlineSoftmax {
   }
 
   // scores_rc (kRows, cols): raw scores of one key block, replaced by their exp2 weights.
-  // acc_rc (kRows, headdim cols): output accumulator, rescaled to the new row max.
-  template <class Scores, class Acc>
-  CUTE_DEVICE void update(Scores& scores_rc, Acc& acc_rc) {
+  // correction[r]: the factor the output accumulator's row r must be scaled by for the new
+  // row max (kept apart so a kernel can apply it after an in-flight P·V has finished).
+  template <class Scores>
+  CUTE_DEVICE void update_scores(Scores& scores_rc, float (&correction)[kRows]) {
     static_assert(decltype(cute::size<0>(scores_rc))::value == kRows);
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
@@ -52,10 +53,8 @@ struct OnlineSoftmax {
       // A row fully masked so far keeps max -inf; subtract 0 then, so exp2 gives 0, not NaN.
       const float max_scaled = block_max == -INFINITY ? 0.f : block_max * scale_log2;
       // Before the first key block row_max is -inf and the correction is exp2(-inf) = 0.
-      const float correction = fast_exp2(row_max[r] * scale_log2 - max_scaled);
-      row_sum[r] *= correction;
-      CUTE_UNROLL
-      for (int c = 0; c < cute::size<1>(acc_rc); ++c) acc_rc(r, c) *= correction;
+      correction[r] = fast_exp2(row_max[r] * scale_log2 - max_scaled);
+      row_sum[r] *= correction[r];
       row_max[r] = block_max;
       float sum = 0.f;
       CUTE_UNROLL
@@ -66,6 +65,23 @@ struct OnlineSoftmax {
       }
       row_sum[r] += sum;
     }
+  }
+
+  template <class Acc>
+  CUTE_DEVICE static void rescale(Acc& acc_rc, const float (&correction)[kRows]) {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(acc_rc); ++c) acc_rc(r, c) *= correction[r];
+    }
+  }
+
+  // update_scores, then the accumulator rescaled at once (P·V not in flight).
+  template <class Scores, class Acc>
+  CUTE_DEVICE void update(Scores& scores_rc, Acc& acc_rc) {
+    float correction[kRows];
+    update_scores(scores_rc, correction);
+    rescale(acc_rc, correction);
   }
 
   // Divides the accumulator by the row sums; returns natural-log LSE per row in lse[].

@@ -109,18 +109,10 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
   const int seqlen_q = params.seqlen_q;
   const int seqlen_k = params.seqlen_k;
 
-  // Key blocks [0, n_end) hold a key some row of this CTA may see; blocks >= n_unmasked need
-  // the mask for at least one row.
   const int diagonal_offset = seqlen_k - seqlen_q;
-  const int n_blocks_k = (seqlen_k + kBlockN - 1) / kBlockN;
-  int n_end = n_blocks_k;
-  int unmasked_keys = seqlen_k;
-  if (params.causal) {
-    const int key_bound = min(row0 + kBlockM, seqlen_q) + diagonal_offset;
-    n_end = key_bound <= 0 ? 0 : min(n_blocks_k, (key_bound + kBlockN - 1) / kBlockN);
-    unmasked_keys = max(0, min(seqlen_k, row0 + diagonal_offset + 1));
-  }
-  const int n_unmasked = unmasked_keys / kBlockN;
+  const KeyBlockRange range = key_block_range<kBlockN>(row0, kBlockM, seqlen_q, seqlen_k, params.causal);
+  const int n_end = range.n_end;
+  const int n_unmasked = range.n_unmasked;
 
   const Element* q_base = static_cast<const Element*>(params.q) + batch * params.q_batch_stride +
                           head * params.q_head_stride + int64_t(row0) * params.q_row_stride;

@@ -1,0 +1,142 @@
+// Consumer warpgroups of the Hopper-path forward: S = Q·Kᵀ and O += P·V with WGMMA, online
+// softmax in registers, then the epilogue.
+//
+// Inside a warpgroup the GEMMs of block n-1 overlap the softmax of block n: S(n-1) and
+// P(n)·V(n) are issued together, the softmax of S(n-1) runs once S is back while P·V is
+// still in flight, and O is rescaled after it lands. Between warpgroups, MmaTurns orders the
+// issue so their GEMM phases alternate. The blocks that need the mask (sequence tail, causal
+// diagonal) come first and run in their own loop; the bulk runs without mask code.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "fragment_views.h"
+#include "hopper/fwd_epilogue.h"
+#include "hopper/fwd_params.h"
+#include "hopper/named_barriers.h"
+#include "hopper/wgmma.h"
+#include "mask.h"
+#include "online_softmax.h"
+
+namespace flashcute::hopper {
+
+template <class Traits>
+CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::SharedStorage& storage,
+                             typename Traits::PipelineKV& pipeline_k,
+                             typename Traits::PipelineKV& pipeline_v, int consumer) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  using PipelineKV = typename Traits::PipelineKV;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kRows = Traits::kRowsPerConsumer;
+  const FwdKernelParams& args = params.args;
+  const int tid = threadIdx.x % 128;
+
+  typename Traits::TiledMmaQK mma_qk;
+  typename Traits::TiledMmaPV mma_pv;
+  auto thr_qk = mma_qk.get_thread_slice(tid);
+  auto thr_pv = mma_pv.get_thread_slice(tid);
+  Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{})(_, _, consumer);
+  Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});
+  Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutVt{});
+  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);   // (MMA, 1, hd/16) descriptors
+  Tensor tSrK = thr_qk.partition_fragment_B(sK);   // (MMA, 1, hd/16, stage)
+  Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (MMA, 1, keys/16, stage)
+
+  using AccS = decltype(partition_fragment_C(mma_qk, typename Traits::TileS{}));
+  Tensor acc_o = partition_fragment_C(mma_pv, typename Traits::TileQ{});
+  Tensor acc_o_rc = rowcol_view(acc_o);
+  constexpr int kThreadRows = decltype(size<0>(acc_o_rc))::value;
+  // P: the probabilities in Element precision, laid out as the A operand of P·V.
+  Tensor p_regs = make_tensor<Element>(make_layout(shape(AccS{})));
+  Tensor tOrP = make_tensor(p_regs.data(), acc_to_a_operand_layout(p_regs.layout()));
+
+  // Score coordinates: this thread's first element plus offsets known at compile time.
+  Tensor cS = make_identity_tensor(typename Traits::TileS{});
+  Tensor tScS0 = mma_qk.get_thread_slice(0).partition_C(cS);
+  Tensor score_offsets_rc = make_tensor(tScS0.data(), rowcol_layout(tScS0.layout()));
+  const int thread_row = get<0>(thr_qk.partition_C(cS)(0));
+  const int thread_col = get<1>(thr_qk.partition_C(cS)(0));
+  const BlockMask mask{args.seqlen_k, args.seqlen_k - args.seqlen_q, args.causal};
+
+  const MmaTurns<Traits::kConsumers> turns{consumer};
+  turns.start();
+  FwdEpilogue<Traits> epilogue(params, storage, consumer);
+  cutlass::PipelineState<Traits::kStages> k_state, v_state;
+  const TileSchedule& schedule = params.schedule;
+  int iteration = 0;
+  for (int index = blockIdx.x; index < schedule.num_tiles; index += gridDim.x, ++iteration) {
+    const FwdTile tile = schedule.tile(index);
+    const int row0 = tile.m_block * Traits::kBlockM;
+    const KeyBlockRange range = key_block_range<kBlockN>(row0, Traits::kBlockM, args.seqlen_q,
+                                                         args.seqlen_k, args.causal);
+    const int my_row = row0 + consumer * kRows + thread_row;
+    OnlineSoftmax<kThreadRows> softmax(args.scale_log2);
+    clear(acc_o);
+    storage.q_full.wait(iteration & 1);
+
+    auto scores_done = [&](AccS& acc_s, int n, bool masked, float (&correction)[kThreadRows]) {
+      pipeline_k.consumer_release(k_state);
+      ++k_state;
+      Tensor acc_s_rc = rowcol_view(acc_s);
+      if (masked) mask.apply(acc_s_rc, score_offsets_rc, my_row, n * kBlockN + thread_col);
+      softmax.update_scores(acc_s_rc, correction);
+    };
+
+    int n = range.n_end - 1;
+    if (n >= 0) {
+      {
+        AccS acc_s;
+        float correction[kThreadRows];
+        pipeline_k.consumer_wait(k_state);
+        turns.wait();
+        wgmma_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
+        turns.pass();
+        warpgroup_wait<0>();
+        scores_done(acc_s, n, n >= range.n_unmasked, correction);  // acc_o is still zero
+        convert_fragment_into(acc_s, p_regs);
+      }
+      // One key block: S(n) = Q·K(n)ᵀ issued with P(n+1)·V(n+1), softmax of S(n) meanwhile.
+      auto step = [&](int n, auto masked) {
+        AccS acc_s;
+        float correction[kThreadRows];
+        pipeline_k.consumer_wait(k_state);
+        pipeline_v.consumer_wait(v_state);
+        turns.wait();
+        wgmma_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
+        wgmma_issue<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), acc_o);
+        turns.pass();
+        warpgroup_wait<1>();
+        scores_done(acc_s, n, decltype(masked)::value, correction);
+        warpgroup_wait<0>();
+        pipeline_v.consumer_release(v_state);
+        ++v_state;
+        OnlineSoftmax<kThreadRows>::rescale(acc_o_rc, correction);
+        convert_fragment_into(acc_s, p_regs);
+      };
+      for (--n; n >= 0 && n >= range.n_unmasked; --n) step(n, cute::true_type{});
+      for (; n >= 0; --n) step(n, cute::false_type{});
+      if constexpr (!Traits::kOAliasesQ) storage.q_empty.arrive();  // last Q·Kᵀ has completed
+
+      pipeline_v.consumer_wait(v_state);
+      turns.wait();
+      wgmma_issue<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), acc_o);
+      turns.pass();
+      warpgroup_wait<0>();
+      pipeline_v.consumer_release(v_state);
+      ++v_state;
+    } else if constexpr (!Traits::kOAliasesQ) {
+      storage.q_empty.arrive();
+    }
+
+    float lse[kThreadRows];
+    softmax.finalize(acc_o_rc, lse);
+    epilogue.store(acc_o, lse, tile, thr_pv);
+  }
+  epilogue.drain();
+  // Consumer 0 takes the turn the last consumer passed after its final GEMMs, so every
+  // arrival on the turn barriers has its matching wait.
+  if (consumer == 0) turns.wait();
+}
+
+}  // namespace flashcute::hopper

@@ -1,0 +1,77 @@
+// Epilogue of a Hopper-path consumer: O (already normalized) goes registers -> shared memory
+// (stmatrix) -> global memory (one TMA store per consumer's 64 rows, clipped at seqlen_q by
+// the tensor map); LSE is written from registers.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+
+#include "fragment_views.h"
+#include "hopper/fwd_params.h"
+#include "hopper/named_barriers.h"
+
+namespace flashcute::hopper {
+
+template <class Traits>
+struct FwdEpilogue {
+  using Element = typename Traits::Element;
+  FwdParams<Traits> const& params;
+  typename Traits::SharedStorage& storage;
+  int consumer;
+  int tid;
+
+  CUTE_DEVICE FwdEpilogue(FwdParams<Traits> const& params_, typename Traits::SharedStorage& storage_, int consumer_)
+      : params(params_), storage(storage_), consumer(consumer_), tid(threadIdx.x % 128) {}
+
+  CUTE_DEVICE Element* o_buffer() const {
+    return Traits::kOAliasesQ ? storage.q.data() : storage.o.data();
+  }
+
+  template <class AccO, class ThrMma, int kThreadRows>
+  CUTE_DEVICE void store(AccO const& acc_o, const float (&lse)[kThreadRows], FwdTile const& tile,
+                         ThrMma const& thr_pv) {
+    using namespace cute;
+    const FwdKernelParams& args = params.args;
+    const int row0 = tile.m_block * Traits::kBlockM + consumer * Traits::kRowsPerConsumer;
+    Tensor o = convert_fragment<Element>(acc_o);
+
+    Tensor sO = make_tensor(make_smem_ptr(o_buffer()), typename Traits::SmemLayoutQ{})(_, _, consumer);
+    auto smem_copy = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, typename Traits::TiledMmaPV{});
+    auto smem_thr_copy = smem_copy.get_thread_slice(tid);
+    if (tid == 0) tma_store_wait<0>();  // the previous tile's store has read the buffer
+    epilogue_barrier_sync(consumer);
+    copy(smem_copy, smem_thr_copy.retile_S(o), smem_thr_copy.partition_D(sO));
+    cutlass::arch::fence_view_async_shared();  // generic-proxy writes visible to the TMA
+    epilogue_barrier_sync(consumer);
+    if (tid == 0) {
+      Tensor mO = params.tma_o.get_tma_tensor(make_shape(args.seqlen_q, int(Traits::kHeadDim), args.nheads, args.batch));
+      Tensor gO = local_tile(mO(_, _, tile.head, tile.batch), typename Traits::TileQ{},
+                             make_coord(tile.m_block * Traits::kConsumers + consumer, _0{}));
+      auto tma_o = params.tma_o.get_slice(_0{});
+      copy(params.tma_o, tma_o.partition_S(sO), tma_o.partition_D(gO));
+      tma_store_arrive();
+      if constexpr (Traits::kOAliasesQ) {
+        tma_store_wait<0>();  // O has left the buffer: the producer may load the next Q
+        storage.q_empty.arrive();
+      }
+    }
+
+    if (args.lse != nullptr && tid % 4 == 0) {
+      float* lse_base = args.lse + tile.batch * args.lse_batch_stride + tile.head * args.lse_head_stride;
+      Tensor tOcO = thr_pv.partition_C(make_identity_tensor(typename Traits::TileQ{}));
+      Tensor tOcO_rc = make_tensor(tOcO.data(), rowcol_layout(tOcO.layout()));
+      CUTE_UNROLL
+      for (int r = 0; r < kThreadRows; ++r) {
+        const int row = row0 + get<0>(tOcO_rc(r, 0));
+        if (row < args.seqlen_q) lse_base[row] = lse[r];
+      }
+    }
+  }
+
+  // Before the CTA exits: the last TMA store has read shared memory.
+  CUTE_DEVICE void drain() const {
+    if (tid == 0) cute::tma_store_wait<0>();
+  }
+};
+
+}  // namespace flashcute::hopper

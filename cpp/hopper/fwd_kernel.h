@@ -1,0 +1,62 @@
+// Hopper-path attention forward kernel (sm90a): warp-specialized, persistent.
+//
+// Warpgroup 0 is the producer: it gives up registers (setmaxnreg) and one of its threads
+// issues all TMA loads. Warpgroups 1..kConsumers take the registers and compute, each on its
+// own 64 query rows. K and V flow through separate mbarrier pipelines; Q has a full/empty
+// barrier pair and is loaded once per tile.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/cluster_launch.hpp>
+
+#include "hopper/fwd_consumer.h"
+#include "hopper/fwd_params.h"
+#include "hopper/fwd_producer.h"
+
+namespace flashcute::hopper {
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    fwd_kernel(__grid_constant__ const FwdParams<Traits> params) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace cute;
+  using PipelineKV = typename Traits::PipelineKV;
+  extern __shared__ __align__(1024) char smem_raw[];
+  auto& storage = *reinterpret_cast<typename Traits::SharedStorage*>(smem_raw);
+
+  const int warp_group = __shfl_sync(0xffffffff, threadIdx.x / 128, 0);
+  const int warp_in_group = __shfl_sync(0xffffffff, (threadIdx.x / 32) % 4, 0);
+  const bool producer_thread = threadIdx.x == 0;
+
+  if (producer_thread) {
+    prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
+    prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
+    prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
+    prefetch_tma_descriptor(params.tma_o.get_tma_descriptor());
+    storage.q_full.init(1);
+    storage.q_empty.init(Traits::kQEmptyArrivals);
+  }
+
+  typename PipelineKV::Params pipeline_params;
+  pipeline_params.transaction_bytes = Traits::kKVBlockBytes;
+  pipeline_params.role = warp_group == 0 ? PipelineKV::ThreadCategory::Producer
+                                         : PipelineKV::ThreadCategory::Consumer;
+  pipeline_params.is_leader = producer_thread;
+  pipeline_params.num_consumers = 128 * Traits::kConsumers;
+  PipelineKV pipeline_k(storage.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
+  PipelineKV pipeline_v(storage.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
+  cutlass::arch::fence_barrier_init();
+  __syncthreads();
+
+  if (warp_group == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
+    if (warp_in_group == 0 && producer_thread) produce_fwd<Traits>(params, storage, pipeline_k, pipeline_v);
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
+    consume_fwd<Traits>(params, storage, pipeline_k, pipeline_v, warp_group - 1);
+  }
+#endif
+}
+
+}  // namespace flashcute::hopper

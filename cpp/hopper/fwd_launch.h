@@ -1,0 +1,133 @@
+// Host-side launch of the Hopper-path forward: TMA descriptors, tile schedule, grid.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <limits>
+
+#include <cuda_runtime_api.h>
+
+#include "hopper/fwd_config.h"
+#include "hopper/fwd_kernel.h"
+#include "launch_status.h"
+
+namespace flashcute::hopper {
+
+// Global tensor (seqlen, hd, heads, batch) for a TMA descriptor.
+template <class Pointer>
+auto tma_view(Pointer ptr, int seqlen, int headdim, int heads, int batch, int64_t row_stride,
+              int64_t head_stride, int64_t batch_stride) {
+  using namespace cute;
+  return make_tensor(make_gmem_ptr(ptr), make_shape(seqlen, headdim, heads, batch),
+                     make_stride(row_stride, _1{}, head_stride, batch_stride));
+}
+
+// (batch, head) pairs per schedule group: enough that the K/V the group reads fits in about
+// half of L2, so CTAs running together hit L2 for K/V.
+inline int head_group_size(const FwdKernelParams& p, int headdim, int element_bytes, int l2_bytes) {
+  const int64_t kv_bytes = 2ll * std::max(p.seqlen_k, 1) * headdim * element_bytes;
+  const int64_t per_query_head = std::max<int64_t>(1, kv_bytes / p.heads_per_kv);
+  const int64_t fit = std::max<int64_t>(1, (l2_bytes / 2) / per_query_head);
+  return static_cast<int>(std::min<int64_t>(fit, int64_t(p.nheads) * p.batch));
+}
+
+struct DeviceLimits {
+  int sm_count = 0;  // 0: not resolved yet
+  int l2_bytes = 0;
+};
+
+template <class Element, int kHeadDim>
+Status run_fwd(const FwdKernelParams& p, cudaStream_t stream) {
+  using Traits = FwdTraitsFor<Element, kHeadDim>;
+  auto kernel = &fwd_kernel<Traits>;
+  constexpr int kSmem = Traits::kSmemBytes;
+  int device = 0;
+  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return cuda_status(err, "cudaGetDevice");
+
+  // TMA: strides in bytes below 2^40 (the 16-byte multiple is checked by the API).
+  constexpr int64_t kMaxStrideElems = (int64_t(1) << 40) / int64_t(sizeof(Element));
+  for (int64_t stride : {p.q_row_stride, p.q_head_stride, p.q_batch_stride, p.k_row_stride, p.k_head_stride,
+                         p.k_batch_stride, p.v_row_stride, p.v_head_stride, p.v_batch_stride,
+                         p.out_row_stride, p.out_head_stride, p.out_batch_stride}) {
+    if (stride < 0 || stride >= kMaxStrideElems)
+      return make_status(StatusCode::kNotSupported,
+                         "hopper path: strides must be non-negative and below 2^40 bytes for TMA "
+                         "(got %lld elements); use backend='ampere'", static_cast<long long>(stride));
+  }
+
+  // Per device, resolved on the first launch and cached: SM count and L2 size, after the
+  // kernel's shared-memory limit was raised.
+  constexpr int kCachedDevices = 64;
+  static std::array<std::atomic<int>, kCachedDevices> sm_counts{};
+  static std::array<std::atomic<int>, kCachedDevices> l2_sizes{};
+  int sm_count = device < kCachedDevices ? sm_counts[device].load(std::memory_order_acquire) : 0;
+  int l2_bytes = device < kCachedDevices ? l2_sizes[device].load(std::memory_order_relaxed) : 0;
+  if (sm_count == 0) {
+    int smem_optin = 0;
+    cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (kSmem > smem_optin)
+      return make_status(StatusCode::kNotSupported,
+                         "hopper path, headdim %d: needs %d bytes of shared memory per block, the "
+                         "device allows %d", kHeadDim, kSmem, smem_optin);
+    if (cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+        err != cudaSuccess)
+      return cuda_status(err, "cudaFuncSetAttribute (no sm90a kernel image for this GPU?)");
+    cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
+    cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device);
+    if (sm_count <= 0) return make_status(StatusCode::kCudaError, "could not query the SM count");
+    if (device < kCachedDevices) {
+      l2_sizes[device].store(l2_bytes, std::memory_order_relaxed);
+      sm_counts[device].store(sm_count, std::memory_order_release);
+    }
+  }
+
+  using namespace cute;
+  FwdParams<Traits> kp{};
+  kp.args = p;
+  // No keys: the K/V descriptors still need a valid shape; no K/V tile is ever loaded then.
+  const bool no_keys = p.seqlen_k == 0;
+  kp.tma_seqlen_k = no_keys ? 1 : p.seqlen_k;
+  const auto* q = static_cast<const Element*>(p.q);
+  const auto* k = no_keys ? q : static_cast<const Element*>(p.k);
+  const auto* v = no_keys ? q : static_cast<const Element*>(p.v);
+  const int64_t k_strides[3] = {no_keys ? p.q_row_stride : p.k_row_stride,
+                                no_keys ? p.q_head_stride : p.k_head_stride,
+                                no_keys ? p.q_batch_stride : p.k_batch_stride};
+  const int64_t v_strides[3] = {no_keys ? p.q_row_stride : p.v_row_stride,
+                                no_keys ? p.q_head_stride : p.v_head_stride,
+                                no_keys ? p.q_batch_stride : p.v_batch_stride};
+  const int kv_heads = no_keys ? p.nheads : p.nheads / p.heads_per_kv;
+  kp.nheads_kv = kv_heads;
+  auto slayout_q = typename Traits::SmemLayoutQ{}(_, _, _0{});
+  auto slayout_kv = typename Traits::SmemLayoutKV{}(_, _, _0{});
+  kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, tma_view(q, p.seqlen_q, kHeadDim, p.nheads, p.batch, p.q_row_stride,
+                                                     p.q_head_stride, p.q_batch_stride),
+                           slayout_q, typename Traits::TileQ{}, _1{});
+  kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, tma_view(k, kp.tma_seqlen_k, kHeadDim, kv_heads, p.batch,
+                                                     k_strides[0], k_strides[1], k_strides[2]),
+                           slayout_kv, typename Traits::TileKV{}, _1{});
+  kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, tma_view(v, kp.tma_seqlen_k, kHeadDim, kv_heads, p.batch,
+                                                     v_strides[0], v_strides[1], v_strides[2]),
+                           slayout_kv, typename Traits::TileKV{}, _1{});
+  kp.tma_o = make_tma_copy(SM90_TMA_STORE{}, tma_view(static_cast<Element*>(p.out), p.seqlen_q, kHeadDim, p.nheads,
+                                                      p.batch, p.out_row_stride, p.out_head_stride,
+                                                      p.out_batch_stride),
+                           slayout_q, typename Traits::TileQ{}, _1{});
+
+  TileSchedule& s = kp.schedule;
+  s.num_m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+  s.nheads = p.nheads;
+  s.num_head_batch = p.nheads * p.batch;
+  s.group_size = head_group_size(p, kHeadDim, sizeof(Element), l2_bytes);
+  const int64_t num_tiles = int64_t(s.num_m_blocks) * s.num_head_batch;
+  if (num_tiles > std::numeric_limits<int>::max())
+    return make_status(StatusCode::kNotSupported, "hopper path: more than 2^31 query tiles");
+  s.num_tiles = static_cast<int>(num_tiles);
+  s.longest_first = p.causal;
+  const int grid = std::min(s.num_tiles, sm_count);
+  kernel<<<grid, Traits::kThreads, kSmem, stream>>>(kp);
+  return cuda_status(cudaGetLastError(), "hopper forward launch");
+}
+
+}  // namespace flashcute::hopper

@@ -1,0 +1,23 @@
+// Kernel arguments of the Hopper-path forward: the shared launch arguments plus the TMA
+// descriptors (built on the host, read from the __grid_constant__ parameter space) and the
+// persistent tile schedule.
+#pragma once
+
+#include "hopper/tile_scheduler.h"
+#include "kernel_params.h"
+
+namespace flashcute::hopper {
+
+template <class Traits>
+struct FwdParams {
+  FwdKernelParams args;
+  typename Traits::TmaQ tma_q;
+  typename Traits::TmaKV tma_k;
+  typename Traits::TmaKV tma_v;
+  typename Traits::TmaO tma_o;
+  TileSchedule schedule;
+  int tma_seqlen_k;  // seqlen_k, or 1 when there are no keys (a TMA dimension cannot be 0)
+  int nheads_kv;
+};
+
+}  // namespace flashcute::hopper

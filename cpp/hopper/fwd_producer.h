@@ -1,0 +1,82 @@
+// Producer warp of the Hopper-path forward: one thread issues every TMA load of a CTA.
+//
+// Per tile: the first K block, then Q (once the consumers released the previous tile's Q),
+// then K of the next block ahead of V of the current one, so S = Q·Kᵀ of block n-1 never waits
+// behind V of block n. Key blocks go from the last to the first, as the consumers visit them.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "hopper/fwd_params.h"
+#include "mask.h"
+
+namespace flashcute::hopper {
+
+template <class Traits>
+CUTE_DEVICE void produce_fwd(FwdParams<Traits> const& params, typename Traits::SharedStorage& storage,
+                             typename Traits::PipelineKV& pipeline_k,
+                             typename Traits::PipelineKV& pipeline_v) {
+  using namespace cute;
+  using PipelineKV = typename Traits::PipelineKV;
+  constexpr int kBlockN = Traits::kBlockN;
+  const FwdKernelParams& args = params.args;
+
+  Tensor mQ = params.tma_q.get_tma_tensor(make_shape(args.seqlen_q, int(Traits::kHeadDim), args.nheads, args.batch));
+  Tensor mK = params.tma_k.get_tma_tensor(make_shape(params.tma_seqlen_k, int(Traits::kHeadDim), params.nheads_kv, args.batch));
+  Tensor mV = params.tma_v.get_tma_tensor(make_shape(params.tma_seqlen_k, int(Traits::kHeadDim), params.nheads_kv, args.batch));
+  Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});
+  Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});
+  auto tma_q = params.tma_q.get_slice(_0{});
+  auto tma_k = params.tma_k.get_slice(_0{});
+  auto tma_v = params.tma_v.get_slice(_0{});
+  Tensor tQsQ = tma_q.partition_D(sQ);  // (TMA, ..., consumer)
+  Tensor tKsK = tma_k.partition_D(sK);  // (TMA, ..., stage)
+  Tensor tVsV = tma_v.partition_D(sV);
+
+  auto k_state = cutlass::make_producer_start_state<PipelineKV>();
+  auto v_state = cutlass::make_producer_start_state<PipelineKV>();
+  const TileSchedule& schedule = params.schedule;
+  int iteration = 0;
+  for (int index = blockIdx.x; index < schedule.num_tiles; index += gridDim.x, ++iteration) {
+    const FwdTile tile = schedule.tile(index);
+    const int kv_head = tile.head / args.heads_per_kv;
+    const KeyBlockRange range = key_block_range<kBlockN>(tile.m_block * Traits::kBlockM, Traits::kBlockM,
+                                                         args.seqlen_q, args.seqlen_k, args.causal);
+    Tensor tQgQ = tma_q.partition_S(local_tile(mQ(_, _, tile.head, tile.batch), typename Traits::TileQ{},
+                                               make_coord(_, _0{})));  // (TMA, ..., 64-row block)
+    Tensor tKgK = tma_k.partition_S(local_tile(mK(_, _, kv_head, tile.batch), typename Traits::TileKV{},
+                                               make_coord(_, _0{})));  // (TMA, ..., key block)
+    Tensor tVgV = tma_v.partition_S(local_tile(mV(_, _, kv_head, tile.batch), typename Traits::TileKV{},
+                                               make_coord(_, _0{})));
+    auto load_k = [&](int n) {
+      pipeline_k.producer_acquire(k_state);
+      copy(params.tma_k.with(*pipeline_k.producer_get_barrier(k_state)), tKgK(_, _, _, n),
+           tKsK(_, _, _, k_state.index()));
+      ++k_state;
+    };
+    auto load_v = [&](int n) {
+      pipeline_v.producer_acquire(v_state);
+      copy(params.tma_v.with(*pipeline_v.producer_get_barrier(v_state)), tVgV(_, _, _, n),
+           tVsV(_, _, _, v_state.index()));
+      ++v_state;
+    };
+
+    int n = range.n_end - 1;
+    if (n >= 0) load_k(n);
+    if (iteration > 0) storage.q_empty.wait((iteration - 1) & 1);
+    storage.q_full.arrive_and_expect_tx(Traits::kQBytes);
+    CUTE_UNROLL
+    for (int c = 0; c < Traits::kConsumers; ++c) {
+      copy(params.tma_q.with(reinterpret_cast<uint64_t&>(storage.q_full)),
+           tQgQ(_, _, _, tile.m_block * Traits::kConsumers + c), tQsQ(_, _, _, c));
+    }
+    for (; n > 0; --n) {
+      load_k(n - 1);
+      load_v(n);
+    }
+    if (n == 0) load_v(0);
+  }
+}
+
+}  // namespace flashcute::hopper

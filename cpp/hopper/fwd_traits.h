@@ -1,0 +1,92 @@
+// Tile shapes, shared-memory layouts, MMAs and TMA types of the Hopper-path forward.
+//
+// A CTA has one producer warpgroup (TMA loads) and kConsumers consumer warpgroups. Each
+// consumer owns 64 query rows of the CTA's kConsumers * 64-row Q tile and runs its own WGMMAs:
+// S = Q·Kᵀ with both operands in shared memory, O += P·V with P in registers.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/atom/copy_traits_sm90_tma.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cutlass/gemm/collective/builders/sm90_common.inl>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+namespace flashcute::hopper {
+
+using namespace cute;
+
+template <class Element_, int kHeadDim_, int kBlockN_, int kStages_, int kConsumers_ = 2>
+struct FwdTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockN = kBlockN_;    // keys per block
+  static constexpr int kStages = kStages_;    // K and V pipelines, each
+  static constexpr int kConsumers = kConsumers_;
+  static constexpr int kRowsPerConsumer = 64; // one WGMMA M extent
+  static constexpr int kBlockM = kRowsPerConsumer * kConsumers;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kProducerRegs = 24;  // setmaxnreg: what the TMA warpgroup keeps
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+
+  using TileQ = Shape<Int<kRowsPerConsumer>, Int<kHeadDim>>;  // one consumer's Q (and O) rows
+  using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
+  using TileS = Shape<Int<kRowsPerConsumer>, Int<kBlockN>>;
+
+  // Head-dim-major tiles, swizzled as WGMMA reads them (128-byte swizzle where hd allows).
+  using SmemAtom = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
+                            GMMA::Major::K, Element, Int<kBlockN>, Int<kHeadDim>>());
+  // Q: (64 rows, hd, consumer): each consumer's rows are one contiguous block, so the O tile
+  // a consumer writes in its epilogue never overlaps rows another consumer still reads.
+  using SmemLayoutQ = decltype(tile_to_shape(
+      SmemAtom{}, Shape<Int<kRowsPerConsumer>, Int<kHeadDim>, Int<kConsumers>>{}));
+  using SmemLayoutKV = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  // V seen as (hd, keys, stage): the MN-major B operand of P·V, no transpose in memory.
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
+                                          Step<_2, _1, _3>{})));
+
+  using TiledMmaQK = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<Int<kRowsPerConsumer>, Int<kBlockN>, Int<kHeadDim>>>()));
+  using TiledMmaPV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<Int<kRowsPerConsumer>, Int<kHeadDim>, Int<kBlockN>>,
+                           GMMA::Major::K, GMMA::Major::MN>()));
+  using SmemCopyAtomO = Copy_Atom<SM90_U32x4_STSM_N, Element>;
+
+  // Global tensors as TMA sees them: (seqlen, hd, heads, batch), unit stride along hd.
+  using GmemLayout = Layout<Shape<int32_t, int32_t, int32_t, int32_t>, Stride<int64_t, _1, int64_t, int64_t>>;
+  using GmemIn = decltype(make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemLayout{}));
+  using GmemOut = decltype(make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), GmemLayout{}));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemIn{}, SmemLayoutQ{}(_, _, _0{}), TileQ{}, _1{}));
+  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemIn{}, SmemLayoutKV{}(_, _, _0{}), TileKV{}, _1{}));
+  using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemOut{}, SmemLayoutQ{}(_, _, _0{}), TileQ{}, _1{}));
+
+  static constexpr int kQElems = cosize_v<SmemLayoutQ>;
+  static constexpr int kKVElems = cosize_v<SmemLayoutKV>;
+  static constexpr uint32_t kQBytes = kQElems * sizeof(Element);
+  static constexpr uint32_t kKVBlockBytes = kBlockN * kHeadDim * sizeof(Element);
+  // O gets its own buffer when it fits; otherwise it reuses Q's, and the next tile's Q load
+  // waits for the O store to have read it.
+  static constexpr int kSmemLimit = 227 * 1024;
+  static constexpr bool kOAliasesQ = (2 * kQElems + 2 * kKVElems) * int(sizeof(Element)) + 4096 > kSmemLimit;
+
+  // Arrivals that free Q's buffer: every consumer thread after its last Q·Kᵀ, or, when O
+  // reuses the buffer, one thread per consumer after its O store has read it.
+  static constexpr int kQEmptyArrivals = kOAliasesQ ? kConsumers : 128 * kConsumers;
+
+  using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
+
+  struct SharedStorage {
+    cute::array_aligned<Element, kQElems, 1024> q;
+    cute::array_aligned<Element, kKVElems, 1024> k;
+    cute::array_aligned<Element, kKVElems, 1024> v;
+    cute::array_aligned<Element, kOAliasesQ ? 8 : kQElems, 1024> o;
+    typename PipelineKV::SharedStorage pipeline_k;
+    typename PipelineKV::SharedStorage pipeline_v;
+    cutlass::arch::ClusterTransactionBarrier q_full;  // Q of the current tile landed
+    cutlass::arch::ClusterBarrier q_empty;            // consumers are done with Q's buffer
+  };
+  static constexpr int kSmemBytes = sizeof(SharedStorage);
+  static_assert(kSmemBytes <= kSmemLimit, "tile does not fit in shared memory");
+};
+
+}  // namespace flashcute::hopper

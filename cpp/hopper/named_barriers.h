@@ -1,0 +1,43 @@
+// Named barriers of the Hopper-path forward (id 0 is __syncthreads). The consumer warpgroups
+// take turns issuing WGMMAs: a warpgroup waits on its own barrier, issues, then arrives on the
+// next one's, so one warpgroup's GEMMs run while the other does its softmax.
+#pragma once
+
+#include <cute/config.hpp>
+
+namespace flashcute::hopper {
+
+enum class FwdBarrier : int {
+  kMmaTurn0 = 1,       // kMmaTurn0 + c: consumer c may issue its next GEMMs
+  kEpilogue0 = 1 + 4,  // kEpilogue0 + c: consumer c's 128 threads around its O tile
+};
+
+CUTE_DEVICE void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+CUTE_DEVICE void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+template <int kConsumers>
+struct MmaTurns {
+  int consumer;
+  CUTE_DEVICE void wait() const {
+    if constexpr (kConsumers > 1) named_barrier_sync(int(FwdBarrier::kMmaTurn0) + consumer, 256);
+  }
+  // The last consumer hands the first turn to consumer 0.
+  CUTE_DEVICE void start() const {
+    if (consumer == kConsumers - 1) pass();
+  }
+  CUTE_DEVICE void pass() const {
+    if constexpr (kConsumers > 1)
+      named_barrier_arrive(int(FwdBarrier::kMmaTurn0) + (consumer + 1) % kConsumers, 256);
+  }
+};
+
+CUTE_DEVICE void epilogue_barrier_sync(int consumer) {
+  named_barrier_sync(int(FwdBarrier::kEpilogue0) + consumer, 128);
+}
+
+}  // namespace flashcute::hopper

@@ -1,0 +1,40 @@
+// Persistent tile order of the Hopper-path forward: CTA i takes tiles i, i + gridDim.x, ...
+//
+// Tiles are grouped by (batch, head) so that the CTAs running at once share few K/V heads
+// (their K/V stays in L2); inside a group, query blocks go from the one with the most keys
+// to the one with the fewest when causal, so the long tiles start first and short ones fill
+// the tail.
+#pragma once
+
+#include <cute/config.hpp>
+
+namespace flashcute::hopper {
+
+struct FwdTile {
+  int m_block;
+  int head;
+  int batch;
+};
+
+struct TileSchedule {
+  int num_m_blocks;
+  int nheads;
+  int num_head_batch;  // nheads * batch
+  int group_size;      // (batch, head) pairs per group
+  int num_tiles;
+  bool longest_first;
+
+  CUTE_HOST_DEVICE FwdTile tile(int index) const {
+    const int group_tiles = group_size * num_m_blocks;
+    const int group = index / group_tiles;
+    const int in_group = index - group * group_tiles;
+    const int first = group * group_size;
+    const int heads_in_group = num_head_batch - first < group_size ? num_head_batch - first : group_size;
+    const int rank = in_group / heads_in_group;
+    const int head_batch = first + in_group - rank * heads_in_group;
+    const int m_block = longest_first ? num_m_blocks - 1 - rank : rank;
+    return FwdTile{m_block, head_batch % nheads, head_batch / nheads};
+  }
+};
+
+}  // namespace flashcute::hopper
