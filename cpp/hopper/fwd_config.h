@@ -1,20 +1,40 @@
-// Hopper-path tile shape per head dim: (keys per block, pipeline stages). Query rows per CTA
-// are 64 per consumer warpgroup, two consumers. Chosen by measurement on H200 (see
-// benchmarks/results/README.md).
+// Hopper-path tile shape per head dim: keys per block, K/V pipeline stages, consumer
+// warpgroups (64 query rows each). Chosen by measurement on H200 (see
+// benchmarks/results/README.md); FLASHCUTE_HOPPER_TILES overrides them for tuning.
 #pragma once
 
 #include "hopper/fwd_traits.h"
+#include "hopper_tile_overrides.h"  // generated
+
+#ifndef FLASHCUTE_HOPPER_TILE_64
+#define FLASHCUTE_HOPPER_TILE_64 128, 2, 2
+#endif
+#ifndef FLASHCUTE_HOPPER_TILE_96
+#define FLASHCUTE_HOPPER_TILE_96 128, 2, 2
+#endif
+#ifndef FLASHCUTE_HOPPER_TILE_128
+#define FLASHCUTE_HOPPER_TILE_128 128, 2, 2
+#endif
+#ifndef FLASHCUTE_HOPPER_TILE_192
+#define FLASHCUTE_HOPPER_TILE_192 96, 2, 2
+#endif
+#ifndef FLASHCUTE_HOPPER_TILE_256
+#define FLASHCUTE_HOPPER_TILE_256 64, 2, 2
+#endif
 
 namespace flashcute::hopper {
 
 template <int kHeadDim> struct FwdTileShape;
-template <> struct FwdTileShape<64> { static constexpr int kBlockN = 128, kStages = 2; };
-template <> struct FwdTileShape<96> { static constexpr int kBlockN = 128, kStages = 2; };
-template <> struct FwdTileShape<128> { static constexpr int kBlockN = 128, kStages = 2; };
-template <> struct FwdTileShape<192> { static constexpr int kBlockN = 96, kStages = 2; };
-template <> struct FwdTileShape<256> { static constexpr int kBlockN = 64, kStages = 2; };
+template <int kBlockN, int kStages, int kConsumers> struct FwdTileValues {
+  static constexpr int kBlockN_ = kBlockN, kStages_ = kStages, kConsumers_ = kConsumers;
+};
+template <> struct FwdTileShape<64> : FwdTileValues<FLASHCUTE_HOPPER_TILE_64> {};
+template <> struct FwdTileShape<96> : FwdTileValues<FLASHCUTE_HOPPER_TILE_96> {};
+template <> struct FwdTileShape<128> : FwdTileValues<FLASHCUTE_HOPPER_TILE_128> {};
+template <> struct FwdTileShape<192> : FwdTileValues<FLASHCUTE_HOPPER_TILE_192> {};
+template <> struct FwdTileShape<256> : FwdTileValues<FLASHCUTE_HOPPER_TILE_256> {};
 
-template <class Element, int kHeadDim>
-using FwdTraitsFor = FwdTraits<Element, kHeadDim, FwdTileShape<kHeadDim>::kBlockN, FwdTileShape<kHeadDim>::kStages>;
+template <class Element, int kHeadDim, class Shape = FwdTileShape<kHeadDim>>
+using FwdTraitsFor = FwdTraits<Element, kHeadDim, Shape::kBlockN_, Shape::kStages_, Shape::kConsumers_>;
 
 }  // namespace flashcute::hopper
