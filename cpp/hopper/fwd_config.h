@@ -7,7 +7,7 @@
 #include "hopper_tile_overrides.h"  // generated
 
 #ifndef FLASHCUTE_HOPPER_TILE_64
-#define FLASHCUTE_HOPPER_TILE_64 128, 2, 2
+#define FLASHCUTE_HOPPER_TILE_64 128, 2, 3
 #endif
 #ifndef FLASHCUTE_HOPPER_TILE_96
 #define FLASHCUTE_HOPPER_TILE_96 128, 2, 2

@@ -120,6 +120,13 @@ Status run_fwd(const FwdKernelParams& p, cudaStream_t stream) {
   s.nheads = p.nheads;
   s.num_head_batch = p.nheads * p.batch;
   s.group_size = head_group_size(p, kHeadDim, sizeof(Element), l2_bytes);
+  if (p.causal) {
+    // Each CTA takes every grid-th tile of a group: with at least two waves of tiles per group
+    // every CTA sweeps from long to short tiles. (A group of one long sequence's 128 blocks on
+    // 132 SMs would hand some CTAs only long tiles.)
+    const int min_group = (2 * sm_count + s.num_m_blocks - 1) / s.num_m_blocks;
+    s.group_size = std::min(std::max(s.group_size, min_group), s.num_head_batch);
+  }
   const int64_t num_tiles = int64_t(s.num_m_blocks) * s.num_head_batch;
   if (num_tiles > std::numeric_limits<int>::max())
     return make_status(StatusCode::kNotSupported, "hopper path: more than 2^31 query tiles");

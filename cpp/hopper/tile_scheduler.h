@@ -1,9 +1,9 @@
 // Persistent tile order of the Hopper-path forward: CTA i takes tiles i, i + gridDim.x, ...
 //
 // Tiles are grouped by (batch, head) so that the CTAs running at once share few K/V heads
-// (their K/V stays in L2); inside a group, query blocks go from the one with the most keys
-// to the one with the fewest when causal, so the long tiles start first and short ones fill
-// the tail.
+// (their K/V stays in L2); inside a group the order is query-block-major, and with causal
+// from the block with the most keys to the one with the fewest, so long tiles start first
+// and short ones fill the tail.
 #pragma once
 
 #include <cute/config.hpp>
