@@ -312,12 +312,27 @@ def test_default_backend(gen):
         assert torch.equal(out, named) and torch.equal(lse, named_lse)
 
 
-def test_hopper_unavailable_raises(gen):
-    if "hopper" in SUPPORT:
-        pytest.skip("the Hopper path is built and runs on this GPU")
-    q, k, v = make_qkv(gen, 1, 16, 16, 2, 2, 64, "float16")
+def test_hopper_head_dims_and_fallback(gen):
+    """backend="hopper" is refused (ValueError) where it has no kernel; the default falls
+    back to the Ampere path there and gives exactly its results."""
+    q, k, v = make_qkv(gen, 1, 40, 40, 2, 2, 32, "float16")
     with pytest.raises(ValueError, match=r"(?i)hopper"):
         flashcute.attention(q, k, v, backend="hopper")
+    if "hopper" not in SUPPORT or 32 not in SUPPORT.get("ampere", ([], []))[0]:
+        return
+    out, lse = flashcute.attention(q, k, v, causal=True, return_lse=True)
+    check_close(out, lse, q, k, v, causal=True)
+    ref_out, ref_lse = flashcute.attention(q, k, v, causal=True, return_lse=True, backend="ampere")
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+
+
+@pytest.mark.parametrize("backend, headdim, dtype", _per_backend())
+@pytest.mark.parametrize("causal", [False, True])
+def test_many_tiles_per_cta(gen, backend, headdim, dtype, causal):
+    """More query tiles than SMs several times over: the persistent Hopper kernel reuses its
+    Q/O buffers and pipeline phases across tiles (GQA, seqlen_q != seqlen_k, ragged tails)."""
+    q, k, v = make_qkv(gen, 3, 1500, 1700, 12, 4, headdim, dtype)
+    run_checked(q, k, v, causal=causal, backend=backend)
 
 
 # ---------------------------------------------------------------------------------------
