@@ -67,7 +67,7 @@ struct FwdTraits {
   // O gets its own buffer when it fits; otherwise it reuses Q's, and the next tile's Q load
   // waits for the O store to have read it.
   static constexpr int kSmemLimit = 227 * 1024;
-  static constexpr bool kOAliasesQ = (2 * kQElems + 2 * kKVElems) * int(sizeof(Element)) + 4096 > kSmemLimit;
+  static constexpr bool kOAliasesQ = (2 * kQElems + 2 * kKVElems) * int(sizeof(Element)) + 1024 > kSmemLimit;
 
   // Arrivals that free Q's buffer: every consumer thread after its last Q·Kᵀ, or, when O
   // reuses the buffer, one thread per consumer after its O store has read it.
