@@ -65,7 +65,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
   cutlass::PipelineState<Traits::kStages> k_state, v_state;
   const TileSchedule& schedule = params.schedule;
   int iteration = 0;
-  for (int index = blockIdx.x; index < schedule.num_tiles; index += gridDim.x, ++iteration) {
+  for (int index; (index = schedule.index(iteration, blockIdx.x, gridDim.x)) < schedule.num_tiles; ++iteration) {
     const FwdTile tile = schedule.tile(index);
     const int row0 = tile.m_block * Traits::kBlockM;
     const KeyBlockRange range = key_block_range<kBlockN>(row0, Traits::kBlockM, args.seqlen_q,

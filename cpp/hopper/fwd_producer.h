@@ -38,7 +38,7 @@ CUTE_DEVICE void produce_fwd(FwdParams<Traits> const& params, typename Traits::S
   auto v_state = cutlass::make_producer_start_state<PipelineKV>();
   const TileSchedule& schedule = params.schedule;
   int iteration = 0;
-  for (int index = blockIdx.x; index < schedule.num_tiles; index += gridDim.x, ++iteration) {
+  for (int index; (index = schedule.index(iteration, blockIdx.x, gridDim.x)) < schedule.num_tiles; ++iteration) {
     const FwdTile tile = schedule.tile(index);
     const int kv_head = tile.head / args.heads_per_kv;
     const KeyBlockRange range = key_block_range<kBlockN>(tile.m_block * Traits::kBlockM, Traits::kBlockM,

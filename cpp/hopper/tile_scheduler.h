@@ -1,4 +1,7 @@
-// Persistent tile order of the Hopper-path forward: CTA i takes tiles i, i + gridDim.x, ...
+// Persistent tile order of the Hopper-path forward. Round r hands CTA i the tile
+// r * gridDim.x + i, or with causal on odd rounds r * gridDim.x + (gridDim.x - 1 - i): in a
+// longest-first order the CTA that got the longest tile of one round gets the shortest of
+// the next, so per-CTA totals stay even when each CTA only sees a few tiles.
 //
 // Tiles are grouped by (batch, head) so that the CTAs running at once share few K/V heads
 // (their K/V stays in L2); inside a group the order is query-block-major, and with causal
@@ -23,6 +26,12 @@ struct TileSchedule {
   int group_size;      // (batch, head) pairs per group
   int num_tiles;
   bool longest_first;
+
+  // The tile CTA `cta` of `ctas` runs in round `round` (may be >= num_tiles: no more work).
+  CUTE_HOST_DEVICE int index(int round, int cta, int ctas) const {
+    const int slot = longest_first && (round & 1) ? ctas - 1 - cta : cta;
+    return round * ctas + slot;
+  }
 
   CUTE_HOST_DEVICE FwdTile tile(int index) const {
     const int group_tiles = group_size * num_m_blocks;
