@@ -32,11 +32,6 @@ inline int head_group_size(const FwdKernelParams& p, int headdim, int element_by
   return static_cast<int>(std::min<int64_t>(fit, int64_t(p.nheads) * p.batch));
 }
 
-struct DeviceLimits {
-  int sm_count = 0;  // 0: not resolved yet
-  int l2_bytes = 0;
-};
-
 template <class Element, int kHeadDim>
 Status run_fwd(const FwdKernelParams& p, cudaStream_t stream) {
   using Traits = FwdTraitsFor<Element, kHeadDim>;
