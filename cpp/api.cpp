@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include <cuda_runtime_api.h>
 
@@ -29,6 +30,16 @@ FwdLauncher find_fwd_launcher(Backend backend, DType dtype, int headdim) {
   return nullptr;
 }
 
+BwdLauncher find_bwd_launcher(Backend backend, DType dtype, int headdim) {
+  if (backend == Backend::kAmpere) {
+#define FLASHCUTE_MATCH_AMPERE_BWD(name, dtype_enum, hd) \
+  if (dtype == DType::dtype_enum && headdim == hd) return &ampere::bwd_##name##_hd##hd;
+    FLASHCUTE_FOR_EACH_AMPERE_BWD(FLASHCUTE_MATCH_AMPERE_BWD)
+#undef FLASHCUTE_MATCH_AMPERE_BWD
+  }
+  return nullptr;
+}
+
 namespace {
 
 const char* dtype_name(DType dtype) { return dtype == DType::kBFloat16 ? "bfloat16" : "float16"; }
@@ -41,8 +52,11 @@ bool aligned16(const void* ptr, int64_t row_stride, int64_t head_stride, int64_t
          head_stride % kElems == 0 && batch_stride % kElems == 0;
 }
 
-Status check_forward(const AttentionForwardParams& p) {
-  auto invalid = [](const char* msg) { return make_status(StatusCode::kInvalidArgument, "%s", msg); };
+Status invalid(const char* msg) { return make_status(StatusCode::kInvalidArgument, "%s", msg); }
+
+// Sizes, dtype and scale: the checks the forward and the backward share.
+template <class Params>
+Status check_problem(const Params& p) {
   if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.nheads < 0 || p.nheads_kv < 0 || p.headdim <= 0)
     return invalid("sizes must be non-negative and headdim positive");
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16)
@@ -59,6 +73,11 @@ Status check_forward(const AttentionForwardParams& p) {
     return make_status(StatusCode::kNotSupported, "batch and nheads must be at most %lld", kMaxGrid);
   if (p.seqlen_q > kMaxInt - 256 || p.seqlen_k > kMaxInt - 256)
     return invalid("seqlen_q and seqlen_k must fit in 32 bits");
+  return Status{};
+}
+
+Status check_forward(const AttentionForwardParams& p) {
+  if (Status s = check_problem(p); !s.ok()) return s;
   const bool empty = p.batch == 0 || p.seqlen_q == 0 || p.nheads == 0;
   if (empty) return Status{};
   if (p.q == nullptr || p.out == nullptr || (p.seqlen_k > 0 && (p.k == nullptr || p.v == nullptr)))
@@ -89,6 +108,87 @@ FwdKernelParams kernel_params(const AttentionForwardParams& p) {
   k.softmax_scale = p.softmax_scale;
   k.scale_log2 = p.softmax_scale * 1.4426950408889634f;
   k.causal = p.causal;
+  return k;
+}
+
+// Workspace of the backward: fp32 dQ accumulator, then fp32 rowsum(dO∘O), per (batch, head)
+// padded to whole 128-row query blocks.
+constexpr int64_t kBwdRowPadding = 128;
+int64_t padded_seqlen_q(int64_t seqlen_q) {
+  return (seqlen_q + kBwdRowPadding - 1) / kBwdRowPadding * kBwdRowPadding;
+}
+size_t bwd_workspace_bytes(const AttentionBackwardParams& p) {
+  const int64_t rows = p.batch * p.nheads * padded_seqlen_q(p.seqlen_q);
+  return static_cast<size_t>(rows * (p.headdim + 1)) * sizeof(float);
+}
+
+Status check_backward(const AttentionBackwardParams& p) {
+  if (Status s = check_problem(p); !s.ok()) return s;
+  if (p.batch == 0 || p.nheads == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) return Status{};
+  const bool has_q = p.seqlen_q > 0, has_k = p.seqlen_k > 0;
+  if ((has_q && (p.q == nullptr || p.dout == nullptr || p.out == nullptr || p.lse == nullptr ||
+                 p.dq == nullptr)) ||
+      (has_k && (p.k == nullptr || p.v == nullptr || p.dk == nullptr || p.dv == nullptr)))
+    return invalid("dout, q, k, v, out, lse, dq, dk and dv must not be null");
+  struct Operand {
+    const void* ptr;
+    int64_t row, head, batch;
+    bool present;
+  };
+  const Operand operands[] = {
+      {p.dout, p.dout_row_stride, p.dout_head_stride, p.dout_batch_stride, has_q},
+      {p.q, p.q_row_stride, p.q_head_stride, p.q_batch_stride, has_q},
+      {p.out, p.out_row_stride, p.out_head_stride, p.out_batch_stride, has_q},
+      {p.dq, p.dq_row_stride, p.dq_head_stride, p.dq_batch_stride, has_q},
+      {p.k, p.k_row_stride, p.k_head_stride, p.k_batch_stride, has_k},
+      {p.v, p.v_row_stride, p.v_head_stride, p.v_batch_stride, has_k},
+      {p.dk, p.dk_row_stride, p.dk_head_stride, p.dk_batch_stride, has_k},
+      {p.dv, p.dv_row_stride, p.dv_head_stride, p.dv_batch_stride, has_k},
+  };
+  for (const Operand& o : operands) {
+    if (o.present && !aligned16(o.ptr, o.row, o.head, o.batch))
+      return invalid("dout, q, k, v, out, dq, dk, dv: data pointers must be 16-byte aligned and "
+                     "batch/row/head strides multiples of 8 elements");
+  }
+  const size_t needed = bwd_workspace_bytes(p);
+  if (needed > 0 && (p.workspace == nullptr || reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0))
+    return invalid("workspace: expected a 16-byte aligned device buffer");
+  if (p.workspace_bytes < needed)
+    return make_status(StatusCode::kInvalidArgument,
+                       "workspace: %zu bytes given, attention_backward_workspace_size() asks for %zu",
+                       p.workspace_bytes, needed);
+  return Status{};
+}
+
+BwdKernelParams kernel_params(const AttentionBackwardParams& p) {
+  BwdKernelParams k{};
+  k.q = p.q, k.k = p.k, k.v = p.v, k.out = p.out, k.dout = p.dout, k.lse = p.lse;
+  k.dq = p.dq, k.dk = p.dk, k.dv = p.dv;
+  k.seqlen_q_padded = static_cast<int>(padded_seqlen_q(p.seqlen_q));
+  k.dq_accum = static_cast<float*>(p.workspace);
+  k.row_dot = k.dq_accum + p.batch * p.nheads * k.seqlen_q_padded * p.headdim;
+  k.q_batch_stride = p.q_batch_stride, k.q_row_stride = p.q_row_stride, k.q_head_stride = p.q_head_stride;
+  k.k_batch_stride = p.k_batch_stride, k.k_row_stride = p.k_row_stride, k.k_head_stride = p.k_head_stride;
+  k.v_batch_stride = p.v_batch_stride, k.v_row_stride = p.v_row_stride, k.v_head_stride = p.v_head_stride;
+  k.out_batch_stride = p.out_batch_stride, k.out_row_stride = p.out_row_stride;
+  k.out_head_stride = p.out_head_stride;
+  k.dout_batch_stride = p.dout_batch_stride, k.dout_row_stride = p.dout_row_stride;
+  k.dout_head_stride = p.dout_head_stride;
+  k.dq_batch_stride = p.dq_batch_stride, k.dq_row_stride = p.dq_row_stride, k.dq_head_stride = p.dq_head_stride;
+  k.dk_batch_stride = p.dk_batch_stride, k.dk_row_stride = p.dk_row_stride, k.dk_head_stride = p.dk_head_stride;
+  k.dv_batch_stride = p.dv_batch_stride, k.dv_row_stride = p.dv_row_stride, k.dv_head_stride = p.dv_head_stride;
+  k.lse_batch_stride = p.lse_batch_stride, k.lse_head_stride = p.lse_head_stride;
+  k.batch = static_cast<int>(p.batch);
+  k.seqlen_q = static_cast<int>(p.seqlen_q);
+  k.seqlen_k = static_cast<int>(p.seqlen_k);
+  k.nheads = static_cast<int>(p.nheads);
+  k.nheads_kv = static_cast<int>(p.nheads_kv);
+  k.headdim = static_cast<int>(p.headdim);
+  k.heads_per_kv = static_cast<int>(p.nheads / p.nheads_kv);
+  k.softmax_scale = p.softmax_scale;
+  k.scale_log2 = p.softmax_scale * 1.4426950408889634f;
+  k.causal = p.causal;
+  k.deterministic = p.deterministic;
   return k;
 }
 
@@ -141,17 +241,19 @@ Backend default_backend(int capability) {
   return capability == 90 && hopper_built ? Backend::kHopper : Backend::kAmpere;
 }
 
-Status attention_forward(const AttentionForwardParams& params, Backend backend) {
-  if (Status s = check_forward(params); !s.ok()) return s;
-  if (params.batch == 0 || params.seqlen_q == 0 || params.nheads == 0) return Status{};
+namespace {
 
+// The launcher for the request on this device: kAuto takes the device's default backend, or
+// the Ampere path where that has no kernel for (dtype, headdim).
+template <class Params, class Launcher>
+Status find_launcher(const Params& params, Backend backend,
+                     Launcher (*find)(Backend, DType, int), const char* pass, Launcher* launcher) {
   int capability = 0;
   if (Status s = device_capability(params.device, &capability); !s.ok()) return s;
+  const int headdim = static_cast<int>(params.headdim);
   if (backend == Backend::kAuto) {
     backend = default_backend(capability);
-    // Head dims / dtypes the Hopper path does not build run on the Ampere path.
-    if (backend == Backend::kHopper &&
-        find_fwd_launcher(backend, params.dtype, static_cast<int>(params.headdim)) == nullptr)
+    if (backend == Backend::kHopper && find(backend, params.dtype, headdim) == nullptr)
       backend = Backend::kAmpere;
   }
   if (backend == Backend::kAmpere && capability < 80)
@@ -163,15 +265,48 @@ Status attention_forward(const AttentionForwardParams& params, Backend backend) 
                        "the hopper path needs an sm90 GPU (H100/H200), the device has %d.%d",
                        capability / 10, capability % 10);
 
-  const FwdLauncher launch = find_fwd_launcher(backend, params.dtype, static_cast<int>(params.headdim));
-  if (launch == nullptr) {
+  *launcher = find(backend, params.dtype, headdim);
+  if (*launcher == nullptr) {
     const char* built = backend == Backend::kHopper ? FLASHCUTE_HOPPER_HEAD_DIMS : FLASHCUTE_AMPERE_HEAD_DIMS;
+    if (backend == Backend::kHopper && std::is_same_v<Launcher, BwdLauncher>)
+      return make_status(StatusCode::kNotSupported,
+                         "hopper path: no backward kernels in this version; use the ampere path");
     return make_status(StatusCode::kNotSupported,
-                       "%s path: no kernel for headdim %lld and %s in this build (head dims built: "
-                       "[%s])",
-                       backend_name(backend), static_cast<long long>(params.headdim),
-                       dtype_name(params.dtype), built);
+                       "%s path: no %s kernel for headdim %d and %s in this build (head dims "
+                       "built: [%s])",
+                       backend_name(backend), pass, headdim, dtype_name(params.dtype), built);
   }
+  return Status{};
+}
+
+}  // namespace
+
+Status attention_forward(const AttentionForwardParams& params, Backend backend) {
+  if (Status s = check_forward(params); !s.ok()) return s;
+  if (params.batch == 0 || params.seqlen_q == 0 || params.nheads == 0) return Status{};
+  FwdLauncher launch = nullptr;
+  if (Status s = find_launcher(params, backend, &find_fwd_launcher, "forward", &launch); !s.ok())
+    return s;
+  DeviceGuard guard(params.device);
+  if (!guard.status().ok()) return guard.status();
+  return launch(kernel_params(params), params.stream);
+}
+
+Status attention_backward_workspace_size(const AttentionBackwardParams& params, size_t* bytes,
+                                         Backend /*backend: every path uses the same layout*/) {
+  if (bytes == nullptr) return invalid("bytes must not be null");
+  if (Status s = check_problem(params); !s.ok()) return s;
+  *bytes = bwd_workspace_bytes(params);
+  return Status{};
+}
+
+Status attention_backward(const AttentionBackwardParams& params, Backend backend) {
+  if (Status s = check_backward(params); !s.ok()) return s;
+  if (params.batch == 0 || params.nheads == 0 || (params.seqlen_q == 0 && params.seqlen_k == 0))
+    return Status{};
+  BwdLauncher launch = nullptr;
+  if (Status s = find_launcher(params, backend, &find_bwd_launcher, "backward", &launch); !s.ok())
+    return s;
   DeviceGuard guard(params.device);
   if (!guard.status().ok()) return guard.status();
   return launch(kernel_params(params), params.stream);

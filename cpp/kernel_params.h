@@ -1,5 +1,5 @@
-// Arguments of one forward launch, as the kernels read them. Filled on the host from the
-// public AttentionForwardParams after validation; shared by the Ampere and Hopper paths.
+// Arguments of one forward or backward launch, as the kernels read them. Filled on the host
+// from the public params after validation; shared by the Ampere and Hopper paths.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +25,42 @@ struct FwdKernelParams {
   float softmax_scale;
   float scale_log2;  // softmax_scale * log2(e): scores go through exp2 with one FMA
   bool causal;
+};
+
+// Backward: dQ, dK, dV from dO, the forward's inputs, its output and its LSE. The workspace
+// holds, per (batch, head), fp32 dQ partial sums (dq_accum) and rowsum(dO∘O) (row_dot), both
+// padded to seqlen_q_padded rows so that whole query blocks can be read and written.
+struct BwdKernelParams {
+  const void* __restrict__ q;
+  const void* __restrict__ k;
+  const void* __restrict__ v;
+  const void* __restrict__ out;
+  const void* __restrict__ dout;
+  const float* __restrict__ lse;
+  void* __restrict__ dq;
+  void* __restrict__ dk;
+  void* __restrict__ dv;
+  float* __restrict__ dq_accum;  // (batch, nheads, seqlen_q_padded, headdim)
+  float* __restrict__ row_dot;   // (batch, nheads, seqlen_q_padded)
+
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int64_t k_batch_stride, k_row_stride, k_head_stride;
+  int64_t v_batch_stride, v_row_stride, v_head_stride;
+  int64_t out_batch_stride, out_row_stride, out_head_stride;
+  int64_t dout_batch_stride, dout_row_stride, dout_head_stride;
+  int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
+  int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
+  int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
+  int64_t lse_batch_stride, lse_head_stride;
+
+  int batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim;
+  int heads_per_kv;
+  int seqlen_q_padded;
+
+  float softmax_scale;
+  float scale_log2;
+  bool causal;
+  bool deterministic;  // dQ without atomics: a separate pass over key blocks per query block
 };
 
 }  // namespace flashcute

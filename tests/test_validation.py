@@ -173,15 +173,93 @@ def test_out_not_dlpack():
     raises(TypeError, r"^out: expected a DLPack tensor", *qkv(), out=object())
 
 
-def test_requires_grad_not_implemented():
+def test_requires_grad_with_out_not_implemented():
     q, k, v = qkv()
     q.requires_grad_(True)
-    with pytest.raises(NotImplementedError, match="q require grad.*torch.no_grad"):
-        flashcute.attention(q, k, v)
+    with pytest.raises(NotImplementedError, match="q require grad.*out= is not differentiable"):
+        flashcute.attention(q, k, v, out=torch.empty_like(q))
     with torch.no_grad():  # no autograd wanted: only the device is wrong
-        raises(ValueError, r"^q: expected a CUDA tensor", q, k, v)
+        raises(ValueError, r"^q: expected a CUDA tensor", q, k, v, out=torch.empty_like(q))
+
+
+def test_requires_grad_goes_through_the_custom_op_and_checks_device():
+    q, k, v = qkv()
+    q.requires_grad_(True)
+    raises(ValueError, r"^q: expected a CUDA tensor", q, k, v)
 
 
 def test_empty_sizes_pass_shape_checks():
     for sizes in (dict(batch=0), dict(seqlen_q=0), dict(seqlen_k=0), dict(nheads=0)):
         raises(ValueError, r"^q: expected a CUDA tensor", *qkv(**sizes))
+
+
+# ---------------------------------------------------------------------------------------
+# attention_backward
+
+
+def bwd_args(headdim=64, **sizes):
+    q, k, v = qkv(headdim=headdim, **sizes)
+    batch, seqlen_q, nheads, _ = q.shape
+    lse = torch.zeros(batch, nheads, seqlen_q, dtype=torch.float32)
+    return torch.zeros_like(q), q, k, v, torch.zeros_like(q), lse
+
+
+def bwd_raises(exc, match, *args, **kwargs):
+    with pytest.raises(exc, match=match):
+        flashcute.attention_backward(*args, **kwargs)
+
+
+def test_backward_valid_cpu_inputs_fail_only_on_device():
+    bwd_raises(ValueError, r"^q: expected a CUDA tensor", *bwd_args())
+
+
+@pytest.mark.parametrize("name, index", [("dout", 0), ("out", 4)])
+def test_backward_q_shaped_args(name, index):
+    args = list(bwd_args())
+    args[index] = args[index][:, :-1]
+    which = "out" if name == "out" else "dout"
+    bwd_raises(ValueError, rf"^{which}: expected shape", *args)
+
+
+def test_backward_lse_checked():
+    args = list(bwd_args())
+    args[5] = args[5].to(torch.float16)
+    bwd_raises(ValueError, r"^lse: expected the forward's float32", *args)
+    args[5] = torch.zeros(2, 4, 6)
+    bwd_raises(ValueError, r"^lse: expected the forward's float32", *args)
+
+
+def test_backward_dout_dtype():
+    args = list(bwd_args())
+    args[0] = args[0].to(torch.bfloat16)
+    bwd_raises(TypeError, r"^dout: dtype bfloat16 does not match q's dtype float16", *args)
+
+
+@pytest.mark.parametrize("name", ["dq", "dk", "dv"])
+def test_backward_grad_buffers_checked(name):
+    args = bwd_args()
+    like = args[1] if name == "dq" else args[2]
+    bwd_raises(ValueError, rf"^{name}: expected shape", *args, **{name: like[:, :1]})
+    bwd_raises(TypeError, rf"^{name}: dtype", *args, **{name: like.to(torch.bfloat16)})
+
+
+def test_backward_scalars():
+    bwd_raises(TypeError, r"^deterministic: expected a bool", *bwd_args(), deterministic=1)
+    bwd_raises(TypeError, r"^causal: expected a bool", *bwd_args(), causal=None)
+    bwd_raises(ValueError, r"^softmax_scale: expected a finite positive", *bwd_args(),
+               softmax_scale=-1.0)
+    bwd_raises(ValueError, r"^backend: expected None, 'ampere' or 'hopper'", *bwd_args(),
+               backend="cuda")
+
+
+def test_backward_needs_allocating_framework():
+    np = pytest.importorskip("numpy")
+    args = [np.zeros(tuple(x.shape), dtype=np.float32) for x in bwd_args()]
+    bwd_raises(TypeError, r"^q: flashcute can allocate gradients", *args)
+
+
+def test_backward_hopper_has_no_kernels():
+    from flashcute._dispatch import choose_backward_backend
+
+    with pytest.raises(ValueError, match=r"^backend='hopper': the Hopper path has no backward"):
+        choose_backward_backend("hopper", 90, headdim=128, dtype="bfloat16")

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "ampere/fwd_traits.h"
+#include "ampere/tile_arch.h"
 #include "ampere_tile_overrides.h"  // generated
 
 #ifndef FLASHCUTE_AMPERE_TILE_32
@@ -30,13 +31,6 @@
 #endif
 #ifndef FLASHCUTE_AMPERE_TILE_256
 #define FLASHCUTE_AMPERE_TILE_256 128, 64, 8, 2, 0
-#endif
-
-// Which table the current compilation pass uses (the host pass: sm90, unused for tiles).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#define FLASHCUTE_AMPERE_TILE_ARCH 80
-#else
-#define FLASHCUTE_AMPERE_TILE_ARCH 90
 #endif
 
 namespace flashcute::ampere {

@@ -9,40 +9,13 @@
 #include <cute/arch/copy_sm80.hpp>
 
 #include "ampere/fwd_config.h"
+#include "ampere/smem_gemm.h"
 #include "fragment_views.h"
 #include "kernel_params.h"
 #include "mask.h"
 #include "online_softmax.h"
 
 namespace flashcute::ampere {
-
-// acc += A·B over the K mode, operands read from shared memory one k-slice at a time. With
-// kLookahead the next slice is read before the current one is multiplied (hides ldmatrix
-// latency at the cost of a second slice of registers). A is not read when it already sits in
-// registers.
-template <bool kAInRegs, bool kLookahead, class Acc, class FragA, class FragB, class SmemA,
-          class ViewA, class SmemB, class ViewB, class TiledMma, class CopyA, class CopyB>
-CUTE_DEVICE void gemm_from_smem(Acc& acc, FragA const& frag_a, FragB const& frag_b,
-                                SmemA const& smem_a, ViewA&& view_a, SmemB const& smem_b,
-                                ViewB&& view_b, TiledMma const& mma, CopyA const& copy_a,
-                                CopyB const& copy_b) {
-  using namespace cute;
-  constexpr int kSlices = decltype(size<2>(frag_a))::value;
-  auto load_slice = [&](int k) {
-    if constexpr (!kAInRegs) copy(copy_a, smem_a(_, _, k), view_a(_, _, k));
-    copy(copy_b, smem_b(_, _, k), view_b(_, _, k));
-  };
-  if constexpr (kLookahead) load_slice(0);
-  CUTE_UNROLL
-  for (int k = 0; k < kSlices; ++k) {
-    if constexpr (kLookahead) {
-      if (k + 1 < kSlices) load_slice(k + 1);
-    } else {
-      load_slice(k);
-    }
-    gemm(mma, frag_a(_, _, k), frag_b(_, _, k), acc);
-  }
-}
 
 // acc += P·V, P taken from the fp32 scores in registers and converted to Element one k-slice
 // (16 keys) at a time, so only a slice of P is live next to the scores. V slices are read
@@ -58,22 +31,6 @@ CUTE_DEVICE void gemm_pv(Acc& acc, ScoresA const& scores_a, FragB const& frag_b,
     copy(copy_b, smem_b(_, _, k), view_b(_, _, k));
     Tensor p = convert_fragment<Element>(scores_a(_, _, k));
     gemm(mma, p, frag_b(_, _, k), acc);
-  }
-}
-
-// Global -> shared copy of a (rows, headdim) tile whose rows past `valid_rows` are zero-filled
-// (zeros, not garbage: padded V rows meet P = 0, and 0 * NaN would poison the output).
-template <bool kPredicated, class TiledCopy, class Src, class Dst, class Coords>
-CUTE_DEVICE void load_tile(TiledCopy const& tiled_copy, Src const& src, Dst&& dst,
-                           Coords const& coords, int valid_rows) {
-  using namespace cute;
-  CUTE_UNROLL
-  for (int m = 0; m < size<1>(dst); ++m) {
-    if (!kPredicated || get<0>(coords(0, m, 0)) < valid_rows) {
-      copy(tiled_copy, src(_, m, _), dst(_, m, _));
-    } else {
-      clear(dst(_, m, _));
-    }
   }
 }
 

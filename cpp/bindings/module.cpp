@@ -123,6 +123,82 @@ void forward(Tensor q, Tensor k, Tensor v, MutableTensor out, std::optional<Muta
   raise_on_error(status);
 }
 
+// Shapes of the backward's tensors: every gradient matches its input.
+void check_backward_shapes(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
+                           MutableTensor dq, MutableTensor dk, MutableTensor dv) {
+  const Tensor* all[] = {&dout, &q, &k, &v, &out};
+  for (const Tensor* t : all)
+    if (t->ndim() != 4) throw nb::value_error("dout, q, k, v, out: expected 4-d tensors");
+  if (dq.ndim() != 4 || dk.ndim() != 4 || dv.ndim() != 4)
+    throw nb::value_error("dq, dk, dv: expected 4-d tensors");
+  auto same_shape = [](auto& a, auto& b) {
+    for (size_t i = 0; i < 4; ++i)
+      if (a.shape(i) != b.shape(i)) return false;
+    return true;
+  };
+  if (!same_shape(dout, q) || !same_shape(out, q) || !same_shape(dq, q) || !same_shape(v, k) ||
+      !same_shape(dk, k) || !same_shape(dv, k) || k.shape(0) != q.shape(0) ||
+      k.shape(3) != q.shape(3))
+    throw nb::value_error("dout, q, k, v, out, dq, dk, dv: shapes do not match");
+  const auto dt = q.dtype();
+  if (dout.dtype() != dt || k.dtype() != dt || v.dtype() != dt || out.dtype() != dt ||
+      dq.dtype() != dt || dk.dtype() != dt || dv.dtype() != dt)
+    throw nb::type_error("dout, q, k, v, out, dq, dk, dv: expected one dtype for all");
+  if (dout.stride(3) != 1 || q.stride(3) != 1 || k.stride(3) != 1 || v.stride(3) != 1 ||
+      out.stride(3) != 1 || dq.stride(3) != 1 || dk.stride(3) != 1 || dv.stride(3) != 1)
+    throw nb::value_error("dout, q, k, v, out, dq, dk, dv: expected unit headdim stride");
+}
+
+void backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, MutableTensor dq,
+              MutableTensor dk, MutableTensor dv, MutableTensor workspace, float softmax_scale,
+              bool causal, bool deterministic, int backend, uintptr_t stream) {
+  check_backward_shapes(dout, q, k, v, out, dq, dk, dv);
+  if (lse.ndim() != 3 || lse.dtype() != nb::dtype<float>() || lse.stride(2) != 1 ||
+      lse.shape(0) != q.shape(0) || lse.shape(1) != q.shape(2) || lse.shape(2) != q.shape(1))
+    throw nb::value_error("lse: expected a float32 (batch, heads, seqlen_q) tensor");
+  flashcute::AttentionBackwardParams p;
+  p.dout = dout.data(), p.q = q.data(), p.k = k.data(), p.v = v.data(), p.out = out.data();
+  p.lse = static_cast<const float*>(lse.data());
+  p.dq = dq.data(), p.dk = dk.data(), p.dv = dv.data();
+  p.workspace = workspace.data();
+  p.workspace_bytes = workspace.nbytes();
+  p.batch = q.shape(0), p.seqlen_q = q.shape(1), p.nheads = q.shape(2), p.headdim = q.shape(3);
+  p.seqlen_k = k.shape(1), p.nheads_kv = k.shape(2);
+  p.dout_batch_stride = dout.stride(0), p.dout_row_stride = dout.stride(1), p.dout_head_stride = dout.stride(2);
+  p.q_batch_stride = q.stride(0), p.q_row_stride = q.stride(1), p.q_head_stride = q.stride(2);
+  p.k_batch_stride = k.stride(0), p.k_row_stride = k.stride(1), p.k_head_stride = k.stride(2);
+  p.v_batch_stride = v.stride(0), p.v_row_stride = v.stride(1), p.v_head_stride = v.stride(2);
+  p.out_batch_stride = out.stride(0), p.out_row_stride = out.stride(1), p.out_head_stride = out.stride(2);
+  p.dq_batch_stride = dq.stride(0), p.dq_row_stride = dq.stride(1), p.dq_head_stride = dq.stride(2);
+  p.dk_batch_stride = dk.stride(0), p.dk_row_stride = dk.stride(1), p.dk_head_stride = dk.stride(2);
+  p.dv_batch_stride = dv.stride(0), p.dv_row_stride = dv.stride(1), p.dv_head_stride = dv.stride(2);
+  p.lse_batch_stride = lse.stride(0), p.lse_head_stride = lse.stride(1);
+  p.softmax_scale = softmax_scale;
+  p.causal = causal;
+  p.deterministic = deterministic;
+  p.dtype = to_dtype(q.dtype());
+  p.device = q.device_id();
+  p.stream = reinterpret_cast<cudaStream_t>(stream);
+  flashcute::Status status;
+  {
+    nb::gil_scoped_release release;
+    status = flashcute::attention_backward(p, static_cast<flashcute::Backend>(backend));
+  }
+  raise_on_error(status);
+}
+
+size_t backward_workspace_size(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t nheads,
+                               int64_t nheads_kv, int64_t headdim, int backend) {
+  flashcute::AttentionBackwardParams p;
+  p.batch = batch, p.seqlen_q = seqlen_q, p.seqlen_k = seqlen_k;
+  p.nheads = nheads, p.nheads_kv = nheads_kv, p.headdim = headdim;
+  p.softmax_scale = 1.f;
+  size_t bytes = 0;
+  raise_on_error(flashcute::attention_backward_workspace_size(p, &bytes,
+                                                              static_cast<flashcute::Backend>(backend)));
+  return bytes;
+}
+
 int device_capability(int device) {
   int capability = 0;
   raise_on_error(flashcute::device_capability(device, &capability));
@@ -138,6 +214,13 @@ NB_MODULE(_C, m) {
   m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse").none(), nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("backend"),
         nb::arg("stream"), "Attention forward into out (and lse when given).");
+  m.def("backward", &backward, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
+        nb::arg("out"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
+        nb::arg("workspace"), nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("deterministic"),
+        nb::arg("backend"), nb::arg("stream"), "Attention backward into dq, dk, dv.");
+  m.def("backward_workspace_size", &backward_workspace_size, nb::arg("batch"), nb::arg("seqlen_q"),
+        nb::arg("seqlen_k"), nb::arg("nheads"), nb::arg("nheads_kv"), nb::arg("headdim"),
+        nb::arg("backend"), "Bytes of device workspace the backward needs.");
   m.def("device_capability", &device_capability, nb::arg("device"),
         "Compute capability of a CUDA device as major*10+minor.");
   m.def(

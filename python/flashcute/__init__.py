@@ -16,13 +16,14 @@ from types import ModuleType
 
 from ._build_info import build_info
 from .attention import attention
+from .backward import attention_backward
 
 try:
     __version__: str = _metadata.version("flashcute")
 except _metadata.PackageNotFoundError:
     __version__ = "0.1.0"
 
-__all__ = ["__version__", "attention", "build_info", "cmake_prefix_path", "reference"]
+__all__ = ["__version__", "attention", "attention_backward", "build_info", "cmake_prefix_path", "reference"]
 
 
 def cmake_prefix_path() -> str:

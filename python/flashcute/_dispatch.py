@@ -84,3 +84,23 @@ def choose_backend(
     if reason is not None:
         raise ValueError(f"backend={requested!r}: {reason}")
     return codes[requested]
+
+
+def choose_backward_backend(
+    requested: Optional[str], capability: int, *, headdim: int, dtype: str
+) -> int:
+    """Like ``choose_backend``, for the backward pass: only the Ampere path has backward kernels
+    in this version, so None resolves to it on every GPU.
+
+    Raises:
+        ValueError: backend="hopper", or an Ampere path that cannot run this head dim / dtype.
+        RuntimeError: the GPU is older than sm80.
+    """
+    if requested == "hopper":
+        raise ValueError(
+            "backend='hopper': the Hopper path has no backward kernels in this version; use "
+            "backend=None or 'ampere'"
+        )
+    if requested is None and capability < _MIN_CAPABILITY["ampere"]:
+        return choose_backend(None, capability, headdim=headdim, dtype=dtype)  # raises
+    return choose_backend("ampere", capability, headdim=headdim, dtype=dtype)

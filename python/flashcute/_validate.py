@@ -104,7 +104,8 @@ def _inspect(name: str, x: Any) -> _Info:
     return _Info(name, int(device_type), int(device_id), str(dtype), tuple(shape), tuple(strides))
 
 
-def _check_scalars(causal: Any, softmax_scale: Any, backend: Any) -> None:
+def check_scalars(causal: Any, softmax_scale: Any, backend: Any) -> None:
+    """Type and range checks of the forward's scalar arguments (no tensors touched)."""
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool, got {type_name(causal)}")
     if backend is not None and backend not in BACKEND_NAMES:
@@ -226,6 +227,7 @@ def validate_forward(
     causal: Any = False,
     softmax_scale: Any = None,
     backend: Any = None,
+    check_device: bool = True,
 ) -> ForwardProblem:
     """Check the arguments of an attention forward call and describe the problem.
 
@@ -236,6 +238,7 @@ def validate_forward(
         causal: bool.
         softmax_scale: finite positive float, or None for 1/sqrt(headdim).
         backend: None, "ampere" or "hopper" (only the name is checked here).
+        check_device: False leaves the device check (always last) to the caller.
 
     Every tensor needs unit stride in the headdim dimension, positive strides elsewhere and
     must live on one CUDA device. Zero batch, sequence length or head count is valid.
@@ -248,7 +251,7 @@ def validate_forward(
         ValueError: wrong ranks, shapes, strides, devices, head dim, scale or backend name.
         ImportError: the compiled extension is missing.
     """
-    _check_scalars(causal, softmax_scale, backend)
+    check_scalars(causal, softmax_scale, backend)
     tensors = {"q": q, "k": k, "v": v}
     if out is not None:
         tensors["out"] = out
@@ -263,7 +266,8 @@ def validate_forward(
     _check_headdim(headdim)
     for info in infos.values():
         _check_strides(info)
-    _check_devices(qi, others)
+    if check_device:
+        _check_devices(qi, others)
     scale = 1.0 / math.sqrt(headdim) if softmax_scale is None else float(softmax_scale)
     return ForwardProblem(
         batch=batch,

@@ -8,21 +8,24 @@ from typing import Any, Optional
 from ._build_info import load_extension
 from ._dispatch import choose_backend
 from ._frameworks import ALLOCATING_FRAMEWORKS, Framework, export, framework_of
-from ._validate import ForwardProblem, type_name, validate_forward
+from ._validate import ForwardProblem, check_scalars, type_name, validate_forward
 
 
-def _check_autograd(tensors: dict[str, Any]) -> None:
+def _torch_tensors(*xs: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and all(isinstance(x, torch.Tensor) for x in xs)
+
+
+def _refuse_grad_with_out(q: Any, k: Any, v: Any) -> None:
     torch = sys.modules.get("torch")
     if torch is None or not torch.is_grad_enabled():
         return
-    needs_grad = [
-        name for name, x in tensors.items() if isinstance(x, torch.Tensor) and x.requires_grad
-    ]
+    needs_grad = [n for n, x in (("q", q), ("k", k), ("v", v))
+                  if isinstance(x, torch.Tensor) and x.requires_grad]
     if needs_grad:
         raise NotImplementedError(
-            f"flashcute.attention: {', '.join(needs_grad)} require grad, but backward is not "
-            "implemented yet; call with tensors that do not require grad or under "
-            "torch.no_grad()"
+            f"flashcute.attention: {', '.join(needs_grad)} require grad, but a call with out= "
+            "is not differentiable; omit out= (the result is then differentiable)"
         )
 
 
@@ -96,21 +99,51 @@ def attention(
     are then launched on the stream of out's framework, else the legacy default stream).
     The kernel runs on the caller's current stream (torch, cupy). JAX streams cannot be
     joined: for jax arrays the call waits for the inputs, launches on the legacy default
-    stream and synchronizes it before returning. Torch autograd is not supported yet:
-    inputs that require grad raise NotImplementedError while grad mode is enabled.
+    stream and synchronizes it before returning.
+
+    Torch tensors (without ``out``) go through the custom op ``flashcute::attention_forward``:
+    the result is differentiable (``flashcute::attention_backward``; deterministic when
+    ``torch.use_deterministic_algorithms(True)``), works under ``torch.compile(fullgraph=True)``
+    and in CUDA graphs. The returned lse is not differentiable.
 
     Returns:
         The output (``out`` itself when given), or ``(output, lse)`` when ``return_lse``.
 
     Raises:
         TypeError, ValueError: invalid arguments; messages name the argument.
-        NotImplementedError: torch inputs that require grad.
+        NotImplementedError: torch inputs that require grad together with ``out``.
         RuntimeError: no usable GPU, or a CUDA error.
         ImportError: the compiled extension is missing.
     """
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse: expected a bool, got {type_name(return_lse)}")
-    _check_autograd({"q": q, "k": k, "v": v, "out": out})
+    if out is None and _torch_tensors(q, k, v):
+        check_scalars(causal, softmax_scale, backend)
+        from . import _torch_ops
+
+        return _torch_ops.attention(
+            q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
+            backend=backend,
+        )
+    _refuse_grad_with_out(q, k, v)
+    return attention_dlpack(
+        q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, out=out,
+        backend=backend,
+    )
+
+
+def attention_dlpack(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool = False,
+    softmax_scale: Optional[float] = None,
+    return_lse: bool = False,
+    out: Any = None,
+    backend: Optional[str] = None,
+) -> Any:
+    """``attention`` through DLPack, without autograd: the implementation under every route."""
     q_x, k_x, v_x = export(q), export(k), export(v)
     out_x = export(out) if out is not None else None
     problem = validate_forward(

@@ -4,6 +4,7 @@
 // allocates device memory. Launches go on the stream the caller puts in the params.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include <cuda_runtime_api.h>
@@ -66,6 +67,58 @@ struct AttentionForwardParams {
 
 // Runs the forward pass. Rows with no key to attend to produce zeros and lse = -inf.
 FLASHCUTE_API Status attention_forward(const AttentionForwardParams& params, Backend backend = Backend::kAuto);
+
+// Backward attention: gradients of the forward's inputs from dout = dL/dout, recomputing the
+// attention weights from q, k and the forward's lse (no N×N matrix is stored). Same layouts and
+// rules as AttentionForwardParams; dk and dv have nheads_kv heads (summed over each GQA group).
+// The caller provides a device workspace of attention_backward_workspace_size() bytes, 16-byte
+// aligned; it needs no initialization and may be reused once the call's work has finished.
+struct AttentionBackwardParams {
+  const void* dout = nullptr;  // (batch, seqlen_q, nheads, headdim)
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* out = nullptr;    // the forward's output
+  const float* lse = nullptr;   // the forward's lse: (batch, nheads, seqlen_q) float32
+  void* dq = nullptr;           // like q
+  void* dk = nullptr;           // like k
+  void* dv = nullptr;           // like v
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+
+  int64_t batch = 0;
+  int64_t seqlen_q = 0;
+  int64_t seqlen_k = 0;
+  int64_t nheads = 0;
+  int64_t nheads_kv = 0;
+  int64_t headdim = 0;
+
+  int64_t dout_batch_stride = 0, dout_row_stride = 0, dout_head_stride = 0;
+  int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
+  int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
+  int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
+  int64_t out_batch_stride = 0, out_row_stride = 0, out_head_stride = 0;
+  int64_t dq_batch_stride = 0, dq_row_stride = 0, dq_head_stride = 0;
+  int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
+  int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
+  int64_t lse_batch_stride = 0, lse_head_stride = 0;  // lse row stride is 1
+
+  float softmax_scale = 0.f;
+  bool causal = false;
+  bool deterministic = false;  // bitwise reproducible gradients (no floating-point atomics)
+  DType dtype = DType::kFloat16;
+  int device = -1;
+  cudaStream_t stream = nullptr;
+};
+
+// Bytes of workspace attention_backward needs for these sizes (pointers are not read).
+FLASHCUTE_API Status attention_backward_workspace_size(const AttentionBackwardParams& params,
+                                                       size_t* bytes,
+                                                       Backend backend = Backend::kAuto);
+
+// Runs the backward pass: writes dq, dk and dv.
+FLASHCUTE_API Status attention_backward(const AttentionBackwardParams& params,
+                                        Backend backend = Backend::kAuto);
 
 // Compute capability of `device` as major * 10 + minor, in *capability.
 FLASHCUTE_API Status device_capability(int device, int* capability);

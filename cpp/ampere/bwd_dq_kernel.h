@@ -1,0 +1,239 @@
+// Ampere-path backward, deterministic dQ: one CTA per query block walks its key blocks in a
+// fixed order and owns its dQ rows outright, so no floating-point atomics are involved and
+// gradients are bitwise reproducible. It recomputes S, P and dP (three GEMMs instead of one
+// per block pair), which is the price of determinism; the main kernel then skips dQ.
+//
+// The structure follows the forward kernel: warps split the query rows, K/V stream through a
+// two-stage cp.async pipeline, and dS stays in registers as the A operand of dQ += dS·K.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/arch/copy_sm80.hpp>
+
+#include "ampere/fwd_traits.h"
+#include "ampere/smem_gemm.h"
+#include "ampere/tile_arch.h"
+#include "fragment_views.h"
+#include "kernel_params.h"
+#include "mask.h"
+#include "online_softmax.h"
+
+namespace flashcute::ampere {
+
+// Shared memory: [Q][dO][stage 0: K, V][stage 1: K, V]; every entry fits the 99 KB of sm86/89.
+template <class Element, int kHeadDim, int kBlockM, int kBlockN, int kNWarps>
+struct BwdDqTraits : FwdTraits<Element, kHeadDim, kBlockM, kBlockN, kNWarps, 2, false> {
+  using Base = FwdTraits<Element, kHeadDim, kBlockM, kBlockN, kNWarps, 2, false>;
+  static constexpr int kOffsetDO = Base::kQElems;
+  static constexpr int kOffsetKV = 2 * Base::kQElems;
+  static constexpr int kSmemBytes = (kOffsetKV + 2 * Base::kStageElems) * int(sizeof(Element));
+};
+
+template <class Element, int kHeadDim>
+struct BwdDqTraitsFor {
+  static constexpr bool kWide = kHeadDim > 128;
+  // "BlockM, BlockN, Warps" measured for registers (no spills) and 99 KB of shared memory.
+  using type = BwdDqTraits<Element, kHeadDim, kHeadDim == 256 ? 32 : 64, kWide ? 32 : 64,
+                           kHeadDim == 256 ? 2 : 4>;
+};
+
+template <class Traits>
+CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
+  using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
+  using TileS = Shape<Int<kBlockM>, Int<kBlockN>>;
+
+  extern __shared__ __align__(128) char smem_raw[];
+  Element* smem = reinterpret_cast<Element*>(smem_raw);
+  auto smem_k = [&](int stage) { return smem + Traits::kOffsetKV + stage * Traits::kStageElems; };
+
+  const int tid = threadIdx.x;
+  const int m_block = params.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int kv_head = head / params.heads_per_kv;
+  const int row0 = m_block * kBlockM;
+  const int seqlen_q = params.seqlen_q;
+  const int seqlen_k = params.seqlen_k;
+  const KeyBlockRange range = key_block_range<kBlockN>(row0, kBlockM, seqlen_q, seqlen_k, params.causal);
+
+  const Element* q_base = static_cast<const Element*>(params.q) + batch * params.q_batch_stride +
+                          head * params.q_head_stride + int64_t(row0) * params.q_row_stride;
+  const Element* do_base = static_cast<const Element*>(params.dout) + batch * params.dout_batch_stride +
+                           head * params.dout_head_stride + int64_t(row0) * params.dout_row_stride;
+  const Element* k_base = static_cast<const Element*>(params.k) + batch * params.k_batch_stride +
+                          kv_head * params.k_head_stride;
+  const Element* v_base = static_cast<const Element*>(params.v) + batch * params.v_batch_stride +
+                          kv_head * params.v_head_stride;
+
+  typename Traits::GmemTiledCopyLoad gmem_copy;
+  auto gmem_thr_copy = gmem_copy.get_thread_slice(tid);
+  Tensor cQ = gmem_thr_copy.partition_S(make_identity_tensor(TileQ{}));
+  Tensor cKV = gmem_thr_copy.partition_S(make_identity_tensor(TileKV{}));
+  Tensor sQ = make_tensor(make_smem_ptr(smem), typename Traits::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(smem + Traits::kOffsetDO), typename Traits::SmemLayoutQ{});
+
+  auto load_kv = [&](int n, int stage, auto may_be_partial) {
+    Tensor sK = make_tensor(make_smem_ptr(smem_k(stage)), typename Traits::SmemLayoutKV{});
+    Tensor sV = make_tensor(make_smem_ptr(smem_k(stage) + Traits::kKVElems), typename Traits::SmemLayoutKV{});
+    const int64_t row = int64_t(n) * kBlockN;
+    Tensor gK = make_tensor(make_gmem_ptr(k_base + row * params.k_row_stride), TileKV{},
+                            make_stride(params.k_row_stride, _1{}));
+    Tensor gV = make_tensor(make_gmem_ptr(v_base + row * params.v_row_stride), TileKV{},
+                            make_stride(params.v_row_stride, _1{}));
+    const int valid = seqlen_k - n * kBlockN;
+    if (decltype(may_be_partial)::value && valid < kBlockN) {
+      load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gK), gmem_thr_copy.partition_D(sK), cKV, valid);
+      load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gV), gmem_thr_copy.partition_D(sV), cKV, valid);
+    } else {
+      load_tile<false>(gmem_copy, gmem_thr_copy.partition_S(gK), gmem_thr_copy.partition_D(sK), cKV, valid);
+      load_tile<false>(gmem_copy, gmem_thr_copy.partition_S(gV), gmem_thr_copy.partition_D(sV), cKV, valid);
+    }
+  };
+
+  typename Traits::TiledMma tiled_mma;
+  auto thr_mma = tiled_mma.get_thread_slice(tid);
+  auto copy_a = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma);
+  auto copy_b = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, tiled_mma);
+  auto copy_bt = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, tiled_mma);
+  auto thr_copy_a = copy_a.get_thread_slice(tid);
+  auto thr_copy_b = copy_b.get_thread_slice(tid);
+  auto thr_copy_bt = copy_bt.get_thread_slice(tid);
+  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);
+  Tensor tSsQ = thr_copy_a.partition_S(sQ);
+  Tensor tSsdO = thr_copy_a.partition_S(sdO);
+  Tensor tSrK = thr_mma.partition_fragment_B(make_tensor(make_smem_ptr(smem), typename Traits::SmemLayoutKV{}));
+  Tensor tQrKt = thr_mma.partition_fragment_B(make_tensor(make_smem_ptr(smem), typename Traits::SmemLayoutVt{}));
+
+  Tensor acc_dq = partition_fragment_C(tiled_mma, TileQ{});
+  clear(acc_dq);
+  Tensor cS = make_identity_tensor(TileS{});
+  Tensor tScS = thr_mma.partition_C(cS);
+  Tensor tScS0 = tiled_mma.get_thread_slice(0).partition_C(cS);
+  Tensor score_offsets_rc = make_tensor(tScS0.data(), rowcol_layout(tScS0.layout()));
+  constexpr int kRows = decltype(size<0>(score_offsets_rc))::value;
+  const int thread_row = row0 + get<0>(tScS(0));
+  const int thread_col = get<1>(tScS(0));
+  const BlockMask mask{seqlen_k, seqlen_k - seqlen_q, params.causal};
+  const float scale_log2 = params.scale_log2;
+  constexpr float kLog2e = 1.4426950408889634f;
+
+  load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(make_tensor(make_gmem_ptr(q_base), TileQ{},
+                                                                   make_stride(params.q_row_stride, _1{}))),
+                  gmem_thr_copy.partition_D(sQ), cQ, seqlen_q - row0);
+  load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(make_tensor(make_gmem_ptr(do_base), TileQ{},
+                                                                   make_stride(params.dout_row_stride, _1{}))),
+                  gmem_thr_copy.partition_D(sdO), cQ, seqlen_q - row0);
+  if (range.n_end > 0) load_kv(range.n_end - 1, 0, cute::true_type{});
+  cp_async_fence();
+
+  // The rows are fixed for the whole CTA: lse (log2 units, +inf where P must vanish) and
+  // rowsum(dO∘O) are read once.
+  float lse_log2[kRows], row_dot[kRows];
+  {
+    const float* lse_base = params.lse + batch * params.lse_batch_stride + head * params.lse_head_stride;
+    const float* row_dot_base =
+        params.row_dot + (int64_t(batch) * params.nheads + head) * params.seqlen_q_padded;
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int row = thread_row + get<0>(score_offsets_rc(r, 0));
+      const float lse = row < seqlen_q ? lse_base[row] : INFINITY;
+      lse_log2[r] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+      row_dot[r] = row < seqlen_q ? row_dot_base[row] : 0.f;
+    }
+  }
+
+  int stage = 0;
+  // Key blocks from the last: the masked ones (seqlen_k tail, causal diagonal) come first.
+  for (int n_block = range.n_end - 1; n_block >= 0; --n_block) {
+    cp_async_wait<0>();
+    __syncthreads();  // block n_block landed; every warp is done with the other stage
+    if (n_block > 0) load_kv(n_block - 1, stage ^ 1, cute::false_type{});
+    cp_async_fence();
+
+    Tensor sK = make_tensor(make_smem_ptr(smem_k(stage)), typename Traits::SmemLayoutKV{});
+    Tensor sV = make_tensor(make_smem_ptr(smem_k(stage) + Traits::kKVElems), typename Traits::SmemLayoutKV{});
+    Tensor sKt = make_tensor(make_smem_ptr(smem_k(stage)), typename Traits::SmemLayoutVt{});
+
+    Tensor acc_s = partition_fragment_C(tiled_mma, TileS{});
+    clear(acc_s);
+    gemm_from_smem<false, Traits::kLookaheadK>(acc_s, tSrQ, tSrK, tSsQ, thr_copy_a.retile_D(tSrQ),
+                                               thr_copy_b.partition_S(sK), thr_copy_b.retile_D(tSrK),
+                                               tiled_mma, copy_a, copy_b);
+    Tensor acc_s_rc = rowcol_view(acc_s);
+    if (n_block >= range.n_unmasked)  // warp-uniform
+      mask.apply(acc_s_rc, score_offsets_rc, thread_row, n_block * kBlockN + thread_col);
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(acc_s_rc); ++c)
+        acc_s_rc(r, c) = fast_exp2(fmaf(acc_s_rc(r, c), scale_log2, -lse_log2[r]));
+    }
+
+    Tensor acc_dp = partition_fragment_C(tiled_mma, TileS{});
+    clear(acc_dp);
+    gemm_from_smem<false, Traits::kLookaheadK>(acc_dp, tSrQ, tSrK, tSsdO, thr_copy_a.retile_D(tSrQ),
+                                               thr_copy_b.partition_S(sV), thr_copy_b.retile_D(tSrK),
+                                               tiled_mma, copy_a, copy_b);
+    Tensor acc_dp_rc = rowcol_view(acc_dp);
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(acc_dp_rc); ++c)
+        acc_dp_rc(r, c) = acc_s_rc(r, c) * (acc_dp_rc(r, c) - row_dot[r]);
+    }
+
+    // dQ += dS·K: dS from registers, one 16-key slice at a time; Kᵀ by transposed ldmatrix.
+    Tensor ds_a = make_tensor(acc_dp.data(), acc_to_a_operand_layout(acc_dp.layout()));
+    Tensor tQsKt = thr_copy_bt.partition_S(sKt);
+    Tensor tQrKt_view = thr_copy_bt.retile_D(tQrKt);
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(ds_a); ++k) {
+      copy(copy_bt, tQsKt(_, _, k), tQrKt_view(_, _, k));
+      Tensor ds = convert_fragment<Element>(ds_a(_, _, k));
+      gemm(tiled_mma, ds, tQrKt(_, _, k), acc_dq);
+    }
+    stage ^= 1;
+  }
+
+  // Epilogue: dQ = scale · acc, through Q's shared memory for 16-byte row stores.
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dq); ++i) acc_dq(i) *= params.softmax_scale;
+  Tensor dq = convert_fragment<Element>(acc_dq);
+  cp_async_wait<0>();
+  __syncthreads();
+  auto copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, tiled_mma);
+  auto thr_copy_o = copy_o.get_thread_slice(tid);
+  copy(copy_o, thr_copy_o.retile_S(dq), thr_copy_o.partition_D(sQ));
+  __syncthreads();
+
+  Element* dq_base = static_cast<Element*>(params.dq) + batch * params.dq_batch_stride +
+                     head * params.dq_head_stride + int64_t(row0) * params.dq_row_stride;
+  Tensor gdQ = make_tensor(make_gmem_ptr(dq_base), TileQ{}, make_stride(params.dq_row_stride, _1{}));
+  typename Traits::GmemTiledCopyStore gmem_store;
+  auto gmem_thr_store = gmem_store.get_thread_slice(tid);
+  Tensor tsQ = gmem_thr_store.partition_S(sQ);
+  Tensor tgQ = gmem_thr_store.partition_D(gdQ);
+  Tensor trQ = make_fragment_like(tsQ);
+  copy(gmem_store, tsQ, trQ);
+  Tensor tcQ = gmem_thr_store.partition_D(make_identity_tensor(TileQ{}));
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(tgQ); ++m) {
+    if (row0 + get<0>(tcQ(0, m, 0)) < seqlen_q) copy(gmem_store, trQ(_, m, _), tgQ(_, m, _));
+  }
+}
+
+template <class Element, int kHeadDim>
+__global__ void __launch_bounds__(BwdDqTraitsFor<Element, kHeadDim>::type::kNThreads, 1)
+    bwd_dq_kernel(__grid_constant__ const BwdKernelParams params) {
+#if defined(__CUDA_ARCH__)
+  bwd_dq_block<typename BwdDqTraitsFor<Element, kHeadDim>::type>(params);
+#endif
+}
+
+}  // namespace flashcute::ampere

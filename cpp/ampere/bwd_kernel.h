@@ -1,0 +1,336 @@
+// Ampere-path attention backward, main kernel: dK and dV of one key block, dQ contributions.
+//
+// One CTA owns kBlockN keys of one (batch, kv head); K and V stay in shared memory while the
+// CTA walks every query block of every query head in the GQA group, so dK and dV (registers,
+// fp32) come out already summed over the group. Per query block, with P recomputed from the
+// forward's LSE (never stored):
+//   S = Q·Kᵀ, P = exp(scale·S - lse), dP = dO·Vᵀ, dS = P∘(dP - rowsum(dO∘O))
+//   dV += Pᵀ·dO, dK += dSᵀ·Q (scaled once at the end), dQ += dS·K added to fp32 dq_accum.
+// Query blocks that cross the causal diagonal or meet the seqlen_k tail come first; the rest
+// skip the mask with one warp-uniform branch. (The loop body is written out, not a lambda: a
+// lambda too large to inline would put the by-reference accumulators in local memory.)
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/arch/copy_sm80.hpp>
+
+#include "ampere/bwd_config.h"
+#include "ampere/smem_gemm.h"
+#include "fragment_views.h"
+#include "kernel_params.h"
+#include "mask.h"
+#include "online_softmax.h"
+
+// Read the next k-slice of both operands before multiplying the current one (tuning knob).
+#ifndef FLASHCUTE_AMPERE_BWD_LOOKAHEAD
+#define FLASHCUTE_AMPERE_BWD_LOOKAHEAD 0
+#endif
+
+namespace flashcute::ampere {
+
+// Query blocks a key block meets: [begin, end); those below masked_end need the mask.
+struct QueryBlockRange {
+  int begin, masked_end, end;
+};
+
+template <int kBlockM, int kBlockN>
+CUTE_DEVICE QueryBlockRange query_block_range(int n0, int seqlen_q, int seqlen_k, bool causal) {
+  const int diagonal_offset = seqlen_k - seqlen_q;
+  const int end = (seqlen_q + kBlockM - 1) / kBlockM;
+  // Causal: row i sees key j iff j <= i + diagonal_offset.
+  const int begin = causal ? cute::min(end, cute::max(0, n0 - diagonal_offset) / kBlockM) : 0;
+  int masked_end = begin;
+  if (n0 + kBlockN > seqlen_k) {
+    masked_end = end;  // the seqlen_k tail: every block masks the missing keys
+  } else if (causal) {
+    // A block needs the mask while its first row misses the block's last key.
+    const int first_unmasked_row = n0 + kBlockN - 1 - diagonal_offset;
+    if (first_unmasked_row > 0)
+      masked_end = cute::min(end, (first_unmasked_row + kBlockM - 1) / kBlockM);
+    masked_end = cute::max(masked_end, begin);
+  }
+  return QueryBlockRange{begin, masked_end, end};
+}
+
+template <class Traits>
+CUTE_DEVICE void bwd_block(const BwdKernelParams& params) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kQStages = Traits::kQStages;
+  using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
+  using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
+  using TileS = Shape<Int<kBlockM>, Int<kBlockN>>;
+
+  extern __shared__ __align__(128) char smem_raw[];
+  Element* smem = reinterpret_cast<Element*>(smem_raw);
+  Element* smem_p = smem + Traits::kOffsetP;
+  Element* smem_ds = smem + Traits::kOffsetDS;
+  auto smem_q = [&](int stage) { return smem + Traits::kOffsetQ + stage * Traits::kQElems; };
+  auto smem_do = [&](int stage) { return smem + Traits::kOffsetDO + stage * Traits::kQElems; };
+
+  const int tid = threadIdx.x;
+  const int n_block = blockIdx.x;  // causal: low key blocks meet the most rows and start first
+  const int kv_head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int n0 = n_block * kBlockN;
+  const int seqlen_q = params.seqlen_q;
+  const int seqlen_k = params.seqlen_k;
+  const QueryBlockRange range = query_block_range<kBlockM, kBlockN>(n0, seqlen_q, seqlen_k, params.causal);
+  const int head_first = kv_head * params.heads_per_kv;
+  const int head_end = head_first + params.heads_per_kv;
+
+  typename Traits::GmemTiledCopyLoad gmem_copy;
+  auto gmem_thr_copy = gmem_copy.get_thread_slice(tid);
+  Tensor cQ = gmem_thr_copy.partition_S(make_identity_tensor(TileQ{}));
+  Tensor cKV = gmem_thr_copy.partition_S(make_identity_tensor(TileKV{}));
+
+  // K and V of this key block, zero past seqlen_k.
+  {
+    const Element* k_base = static_cast<const Element*>(params.k) + batch * params.k_batch_stride +
+                            kv_head * params.k_head_stride + int64_t(n0) * params.k_row_stride;
+    const Element* v_base = static_cast<const Element*>(params.v) + batch * params.v_batch_stride +
+                            kv_head * params.v_head_stride + int64_t(n0) * params.v_row_stride;
+    Tensor gK = make_tensor(make_gmem_ptr(k_base), TileKV{}, make_stride(params.k_row_stride, _1{}));
+    Tensor gV = make_tensor(make_gmem_ptr(v_base), TileKV{}, make_stride(params.v_row_stride, _1{}));
+    Tensor sK = make_tensor(make_smem_ptr(smem), typename Traits::SmemLayoutKV{});
+    Tensor sV = make_tensor(make_smem_ptr(smem + Traits::kOffsetV), typename Traits::SmemLayoutKV{});
+    load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gK), gmem_thr_copy.partition_D(sK), cKV, seqlen_k - n0);
+    load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gV), gmem_thr_copy.partition_D(sV), cKV, seqlen_k - n0);
+  }
+
+  // Q and dO of query block m of head h into a stage, zero past seqlen_q.
+  auto load_q_do = [&](int h, int m, int stage) {
+    const int64_t row0 = int64_t(m) * kBlockM;
+    const Element* q_base = static_cast<const Element*>(params.q) + batch * params.q_batch_stride +
+                            h * params.q_head_stride + row0 * params.q_row_stride;
+    const Element* do_base = static_cast<const Element*>(params.dout) + batch * params.dout_batch_stride +
+                             h * params.dout_head_stride + row0 * params.dout_row_stride;
+    Tensor gQ = make_tensor(make_gmem_ptr(q_base), TileQ{}, make_stride(params.q_row_stride, _1{}));
+    Tensor gdO = make_tensor(make_gmem_ptr(do_base), TileQ{}, make_stride(params.dout_row_stride, _1{}));
+    Tensor sQ = make_tensor(make_smem_ptr(smem_q(stage)), typename Traits::SmemLayoutQ{});
+    Tensor sdO = make_tensor(make_smem_ptr(smem_do(stage)), typename Traits::SmemLayoutQ{});
+    const int valid = seqlen_q - int(row0);
+    if (valid < kBlockM) {
+      load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gQ), gmem_thr_copy.partition_D(sQ), cQ, valid);
+      load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gdO), gmem_thr_copy.partition_D(sdO), cQ, valid);
+    } else {
+      load_tile<false>(gmem_copy, gmem_thr_copy.partition_S(gQ), gmem_thr_copy.partition_D(sQ), cQ, valid);
+      load_tile<false>(gmem_copy, gmem_thr_copy.partition_S(gdO), gmem_thr_copy.partition_D(sdO), cQ, valid);
+    }
+  };
+
+  // S = Q·Kᵀ and dP = dO·Vᵀ: both operands K-major, plain ldmatrix.
+  typename Traits::TiledMmaSdP mma_sdp;
+  auto thr_sdp = mma_sdp.get_thread_slice(tid);
+  auto copy_a_sdp = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, mma_sdp);
+  auto copy_b_sdp = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, mma_sdp);
+  auto thr_copy_a_sdp = copy_a_sdp.get_thread_slice(tid);
+  auto thr_copy_b_sdp = copy_b_sdp.get_thread_slice(tid);
+  Tensor sK = make_tensor(make_smem_ptr(smem), typename Traits::SmemLayoutKV{});
+  Tensor sV = make_tensor(make_smem_ptr(smem + Traits::kOffsetV), typename Traits::SmemLayoutKV{});
+  Tensor tSrQ = thr_sdp.partition_fragment_A(make_tensor(make_smem_ptr(smem), typename Traits::SmemLayoutQ{}));
+  Tensor tSrK = thr_sdp.partition_fragment_B(sK);
+  Tensor tSsK = thr_copy_b_sdp.partition_S(sK);
+  Tensor tSsV = thr_copy_b_sdp.partition_S(sV);
+
+  // dV += Pᵀ·dO and dK += dSᵀ·Q: every operand transposed, ldmatrix.trans.
+  typename Traits::TiledMmadKV mma_dkv;
+  auto thr_dkv = mma_dkv.get_thread_slice(tid);
+  auto copy_a_dkv = make_tiled_copy_A(typename Traits::SmemCopyAtomTransposed{}, mma_dkv);
+  auto copy_b_dkv = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, mma_dkv);
+  auto thr_copy_a_dkv = copy_a_dkv.get_thread_slice(tid);
+  auto thr_copy_b_dkv = copy_b_dkv.get_thread_slice(tid);
+  Tensor sPt = make_tensor(make_smem_ptr(smem_p), typename Traits::SmemLayoutPt{});
+  Tensor sdSt = make_tensor(make_smem_ptr(smem_ds), typename Traits::SmemLayoutPt{});
+  Tensor tdKVrPt = thr_dkv.partition_fragment_A(sPt);
+  Tensor tdKVrQt = thr_dkv.partition_fragment_B(
+      make_tensor(make_smem_ptr(smem), typename Traits::SmemLayoutQt{}));
+  Tensor acc_dk = partition_fragment_C(mma_dkv, TileKV{});
+  Tensor acc_dv = partition_fragment_C(mma_dkv, TileKV{});
+  clear(acc_dk);
+  clear(acc_dv);
+
+  // dQ = dS·K: dS K-major (plain), Kᵀ transposed.
+  typename Traits::TiledMmadQ mma_dq;
+  auto thr_dq = mma_dq.get_thread_slice(tid);
+  auto copy_a_dq = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, mma_dq);
+  auto copy_b_dq = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, mma_dq);
+  auto thr_copy_a_dq = copy_a_dq.get_thread_slice(tid);
+  auto thr_copy_b_dq = copy_b_dq.get_thread_slice(tid);
+  Tensor sdS = make_tensor(make_smem_ptr(smem_ds), typename Traits::SmemLayoutP{});
+  Tensor sKt = make_tensor(make_smem_ptr(smem), typename Traits::SmemLayoutKt{});
+  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
+  Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);
+  Tensor tdQcdQ = thr_dq.partition_C(make_identity_tensor(TileQ{}));
+
+  // P and dS registers -> shared memory.
+  auto copy_p = make_tiled_copy_C(typename Traits::SmemCopyAtomStore{}, mma_sdp);
+  auto thr_copy_p = copy_p.get_thread_slice(tid);
+  Tensor tPsP = thr_copy_p.partition_D(make_tensor(make_smem_ptr(smem_p), typename Traits::SmemLayoutP{}));
+  Tensor tPsdS = thr_copy_p.partition_D(sdS);
+
+  // Score coordinates: this thread's first element plus compile-time offsets (see mask.h).
+  Tensor cS = make_identity_tensor(TileS{});
+  Tensor tScS = thr_sdp.partition_C(cS);
+  Tensor tScS0 = mma_sdp.get_thread_slice(0).partition_C(cS);
+  Tensor score_offsets_rc = make_tensor(tScS0.data(), rowcol_layout(tScS0.layout()));
+  constexpr int kRows = decltype(size<0>(score_offsets_rc))::value;
+  const BlockMask mask{seqlen_k, seqlen_k - seqlen_q, params.causal};
+  const float scale_log2 = params.scale_log2;
+  constexpr float kLog2e = 1.4426950408889634f;
+
+  const bool has_work = range.begin < range.end && head_first < head_end;
+  if (has_work) load_q_do(head_first, range.begin, 0);
+  cp_async_fence();
+
+  int stage = 0;
+  // Query blocks crossing the causal diagonal or meeting the seqlen_k tail come first.
+  for (int h = head_first; h < head_end; ++h) {
+    for (int m = range.begin; m < range.end; ++m) {
+      // The next (head, query block) this CTA visits, if any.
+      int h_next = h, m_next = m + 1;
+      if (m_next == range.end) h_next = h + 1, m_next = range.begin;
+      const bool has_next = h_next < head_end;
+
+      cp_async_wait<0>();
+      __syncthreads();  // Q/dO of this block landed; last block's readers of P/dS and Q/dO are done
+      if constexpr (kQStages == 2) {
+        if (has_next) load_q_do(h_next, m_next, stage ^ 1);
+        cp_async_fence();
+      }
+
+      const int row0 = m * kBlockM;
+      const int64_t bh = int64_t(batch) * params.nheads + h;
+      const float* lse_base = params.lse + batch * params.lse_batch_stride + h * params.lse_head_stride;
+      const float* row_dot_base = params.row_dot + bh * params.seqlen_q_padded;
+      const int thread_row = row0 + get<0>(tScS(0));
+      // Per row: lse in log2 units (+inf where no P may survive: rows past seqlen_q, rows that
+      // saw no key) and rowsum(dO∘O).
+      float lse_log2[kRows], row_dot[kRows];
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const int row = thread_row + get<0>(score_offsets_rc(r, 0));
+        const float lse = row < seqlen_q ? lse_base[row] : INFINITY;
+        lse_log2[r] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+        row_dot[r] = row < seqlen_q ? row_dot_base[row] : 0.f;
+      }
+
+      Tensor sQ = make_tensor(make_smem_ptr(smem_q(stage)), typename Traits::SmemLayoutQ{});
+      Tensor sdO = make_tensor(make_smem_ptr(smem_do(stage)), typename Traits::SmemLayoutQ{});
+      Tensor acc_s = partition_fragment_C(mma_sdp, TileS{});
+      clear(acc_s);
+      gemm_from_smem<false, FLASHCUTE_AMPERE_BWD_LOOKAHEAD != 0>(acc_s, tSrQ, tSrK, thr_copy_a_sdp.partition_S(sQ), thr_copy_a_sdp.retile_D(tSrQ),
+                                   tSsK, thr_copy_b_sdp.retile_D(tSrK), mma_sdp, copy_a_sdp, copy_b_sdp);
+      Tensor acc_s_rc = rowcol_view(acc_s);
+      if (m < range.masked_end)  // warp-uniform: the bulk skips the mask
+        mask.apply(acc_s_rc, score_offsets_rc, thread_row, n0 + get<1>(tScS(0)));
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(acc_s_rc); ++c)
+          acc_s_rc(r, c) = fast_exp2(fmaf(acc_s_rc(r, c), scale_log2, -lse_log2[r]));
+      }
+
+      Tensor acc_dp = partition_fragment_C(mma_sdp, TileS{});
+      clear(acc_dp);
+      gemm_from_smem<false, FLASHCUTE_AMPERE_BWD_LOOKAHEAD != 0>(acc_dp, tSrQ, tSrK, thr_copy_a_sdp.partition_S(sdO), thr_copy_a_sdp.retile_D(tSrQ),
+                                   tSsV, thr_copy_b_sdp.retile_D(tSrK), mma_sdp, copy_a_sdp, copy_b_sdp);
+      Tensor acc_dp_rc = rowcol_view(acc_dp);
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(acc_dp_rc); ++c)
+          acc_dp_rc(r, c) = acc_s_rc(r, c) * (acc_dp_rc(r, c) - row_dot[r]);
+      }
+
+      copy(copy_p, thr_copy_p.retile_S(convert_fragment<Element>(acc_s)), tPsP);
+      copy(copy_p, thr_copy_p.retile_S(convert_fragment<Element>(acc_dp)), tPsdS);
+      __syncthreads();  // P and dS visible to every warp
+
+      Tensor sdOt = make_tensor(make_smem_ptr(smem_do(stage)), typename Traits::SmemLayoutQt{});
+      Tensor sQt = make_tensor(make_smem_ptr(smem_q(stage)), typename Traits::SmemLayoutQt{});
+      gemm_from_smem<false, FLASHCUTE_AMPERE_BWD_LOOKAHEAD != 0>(acc_dv, tdKVrPt, tdKVrQt, thr_copy_a_dkv.partition_S(sPt),
+                                   thr_copy_a_dkv.retile_D(tdKVrPt), thr_copy_b_dkv.partition_S(sdOt),
+                                   thr_copy_b_dkv.retile_D(tdKVrQt), mma_dkv, copy_a_dkv, copy_b_dkv);
+      gemm_from_smem<false, FLASHCUTE_AMPERE_BWD_LOOKAHEAD != 0>(acc_dk, tdKVrPt, tdKVrQt, thr_copy_a_dkv.partition_S(sdSt),
+                                   thr_copy_a_dkv.retile_D(tdKVrPt), thr_copy_b_dkv.partition_S(sQt),
+                                   thr_copy_b_dkv.retile_D(tdKVrQt), mma_dkv, copy_a_dkv, copy_b_dkv);
+      if constexpr (kQStages == 1) {
+        __syncthreads();  // every warp is done with Q and dO
+        if (has_next) load_q_do(h_next, m_next, 0);
+        cp_async_fence();
+      }
+
+      if (!params.deterministic) {
+        Tensor acc_dq = partition_fragment_C(mma_dq, TileQ{});
+        clear(acc_dq);
+        gemm_from_smem<false, FLASHCUTE_AMPERE_BWD_LOOKAHEAD != 0>(acc_dq, tdQrdS, tdQrKt, thr_copy_a_dq.partition_S(sdS),
+                                     thr_copy_a_dq.retile_D(tdQrdS), thr_copy_b_dq.partition_S(sKt),
+                                     thr_copy_b_dq.retile_D(tdQrKt), mma_dq, copy_a_dq, copy_b_dq);
+        // Rows past seqlen_q add zeros into the padding of dq_accum.
+        float* dq_base = params.dq_accum + (bh * params.seqlen_q_padded + row0) * kHeadDim;
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_dq); ++i) {
+          const auto coord = tdQcdQ(i);
+          atomicAdd(dq_base + get<0>(coord) * kHeadDim + get<1>(coord), acc_dq(i));
+        }
+      }
+      if constexpr (kQStages == 2) stage ^= 1;
+    }
+  }
+
+  // Epilogue: dK scaled, both converted and staged through K/V's shared memory for 16-byte
+  // row stores; keys past seqlen_k are not written.
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= params.softmax_scale;
+  Tensor dk = convert_fragment<Element>(acc_dk);
+  Tensor dv = convert_fragment<Element>(acc_dv);
+  cp_async_wait<0>();
+  __syncthreads();  // K and V are no longer read
+  auto copy_dkv = make_tiled_copy_C(typename Traits::SmemCopyAtomStore{}, mma_dkv);
+  auto thr_copy_dkv = copy_dkv.get_thread_slice(tid);
+  copy(copy_dkv, thr_copy_dkv.retile_S(dk), thr_copy_dkv.partition_D(sK));
+  copy(copy_dkv, thr_copy_dkv.retile_S(dv), thr_copy_dkv.partition_D(sV));
+  __syncthreads();
+
+  Element* dk_base = static_cast<Element*>(params.dk) + batch * params.dk_batch_stride +
+                     kv_head * params.dk_head_stride + int64_t(n0) * params.dk_row_stride;
+  Element* dv_base = static_cast<Element*>(params.dv) + batch * params.dv_batch_stride +
+                     kv_head * params.dv_head_stride + int64_t(n0) * params.dv_row_stride;
+  Tensor gdK = make_tensor(make_gmem_ptr(dk_base), TileKV{}, make_stride(params.dk_row_stride, _1{}));
+  Tensor gdV = make_tensor(make_gmem_ptr(dv_base), TileKV{}, make_stride(params.dv_row_stride, _1{}));
+  typename Traits::GmemTiledCopyStore gmem_store;
+  auto gmem_thr_store = gmem_store.get_thread_slice(tid);
+  Tensor tsK = gmem_thr_store.partition_S(sK);
+  Tensor tsV = gmem_thr_store.partition_S(sV);
+  Tensor tgK = gmem_thr_store.partition_D(gdK);
+  Tensor tgV = gmem_thr_store.partition_D(gdV);
+  Tensor trK = make_fragment_like(tsK);
+  Tensor trV = make_fragment_like(tsV);
+  copy(gmem_store, tsK, trK);
+  copy(gmem_store, tsV, trV);
+  Tensor tcKV = gmem_thr_store.partition_D(make_identity_tensor(TileKV{}));
+  CUTE_UNROLL
+  for (int r = 0; r < size<1>(tgK); ++r) {
+    if (n0 + get<0>(tcKV(0, r, 0)) < seqlen_k) {
+      copy(gmem_store, trK(_, r, _), tgK(_, r, _));
+      copy(gmem_store, trV(_, r, _), tgV(_, r, _));
+    }
+  }
+}
+
+// One kernel symbol per (dtype, head dim); tile shapes follow the code generation it was
+// compiled for (see bwd_config.h).
+template <class Element, int kHeadDim>
+__global__ void __launch_bounds__(
+    BwdTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type::kNThreads, 1)
+    bwd_kernel(__grid_constant__ const BwdKernelParams params) {
+#if defined(__CUDA_ARCH__)
+  bwd_block<typename BwdTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type>(params);
+#endif
+}
+
+}  // namespace flashcute::ampere

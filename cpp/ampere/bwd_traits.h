@@ -1,0 +1,101 @@
+// Tile shapes, shared-memory layouts and copy/MMA atoms of the Ampere-path backward kernel.
+//
+// A CTA owns kBlockN keys of one (batch, kv head) and walks the query rows kBlockM at a time,
+// over every query head of the GQA group. Per query block it runs five GEMMs, each with its
+// own warp arrangement (so register tiles stay small for every head dim):
+//   S  = Q·Kᵀ,  dP = dO·Vᵀ   (kBlockM × kBlockN)   warps kWarpsMSdP × rest
+//   dV += Pᵀ·dO, dK += dSᵀ·Q  (kBlockN × headdim)   warps kWarpsNdKV × rest
+//   dQ  = dS·K               (kBlockM × headdim)   warps kWarpsMdQ × rest, added to fp32 dQ
+// P and dS go through shared memory, which gives the transposed operands of the last three.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/atom/copy_atom.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cutlass/numeric_types.h>
+
+namespace flashcute::ampere {
+
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_,
+          int kWarpsMSdP_, int kWarpsNdKV_, int kWarpsMdQ_, int kQStages_>
+struct BwdTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kNWarps = kNWarps_;
+  static constexpr int kNThreads = kNWarps * 32;
+  // Q/dO buffers: 2 lets the next query block load while this one computes.
+  static constexpr int kQStages = kQStages_;
+  static_assert(kQStages == 1 || kQStages == 2);
+
+  using MmaAtom = std::conditional_t<std::is_same_v<Element, cutlass::half_t>,
+                                     cute::MMA_Atom<cute::SM80_16x8x16_F32F16F16F32_TN>,
+                                     cute::MMA_Atom<cute::SM80_16x8x16_F32BF16BF16F32_TN>>;
+  // kWarpsM warps along the first mode, the rest along the second; 16×16 per warp and step.
+  template <int kWarpsM>
+  using TiledMmaWith = cute::TiledMMA<
+      MmaAtom, cute::Layout<cute::Shape<cute::Int<kWarpsM>, cute::Int<kNWarps / kWarpsM>, cute::_1>>,
+      cute::Tile<cute::Int<16 * kWarpsM>, cute::Int<16 * (kNWarps / kWarpsM)>, cute::_16>>;
+  using TiledMmaSdP = TiledMmaWith<kWarpsMSdP_>;
+  using TiledMmadKV = TiledMmaWith<kWarpsNdKV_>;
+  using TiledMmadQ = TiledMmaWith<kWarpsMdQ_>;
+  static_assert(kBlockM % (16 * kWarpsMSdP_) == 0 && kBlockN % (16 * (kNWarps / kWarpsMSdP_)) == 0);
+  static_assert(kBlockN % (16 * kWarpsNdKV_) == 0 && kHeadDim % (16 * (kNWarps / kWarpsNdKV_)) == 0);
+  static_assert(kBlockM % (16 * kWarpsMdQ_) == 0 && kHeadDim % (16 * (kNWarps / kWarpsMdQ_)) == 0);
+
+  // Swizzled rows of 64 (or 32) elements, as in the forward: conflict-free 16-byte cp.async
+  // writes and ldmatrix reads, plain or transposed.
+  template <int kRowElems>
+  using SwizzleAtom = decltype(cute::composition(
+      cute::Swizzle<kRowElems == 64 ? 3 : 2, 3, 3>{},
+      cute::Layout<cute::Shape<cute::_8, cute::Int<kRowElems>>, cute::Stride<cute::Int<kRowElems>, cute::_1>>{}));
+  static constexpr int kSmemRowElems = kHeadDim % 64 == 0 ? 64 : 32;
+  static constexpr int kPRowElems = kBlockN % 64 == 0 ? 64 : 32;
+
+  template <class Layout, int kRows, int kCols>
+  using Transposed = decltype(cute::composition(
+      Layout{}, cute::make_layout(cute::Shape<cute::Int<kCols>, cute::Int<kRows>>{}, cute::GenRowMajor{})));
+
+  using SmemLayoutQ = decltype(cute::tile_to_shape(
+      SwizzleAtom<kSmemRowElems>{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
+  using SmemLayoutKV = decltype(cute::tile_to_shape(
+      SwizzleAtom<kSmemRowElems>{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}));
+  using SmemLayoutP = decltype(cute::tile_to_shape(
+      SwizzleAtom<kPRowElems>{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>{}));
+  using SmemLayoutQt = Transposed<SmemLayoutQ, kBlockM, kHeadDim>;   // (headdim, rows): Qᵀ, dOᵀ
+  using SmemLayoutKt = Transposed<SmemLayoutKV, kBlockN, kHeadDim>;  // (headdim, keys): Kᵀ
+  using SmemLayoutPt = Transposed<SmemLayoutP, kBlockM, kBlockN>;    // (keys, rows): Pᵀ, dSᵀ
+
+  // Shared memory: [K][V][Q stages][dO stages][P][dS]; dK and dV are staged in K/V's place.
+  static constexpr int kQElems = cute::cosize_v<SmemLayoutQ>;
+  static constexpr int kKVElems = cute::cosize_v<SmemLayoutKV>;
+  static constexpr int kPElems = cute::cosize_v<SmemLayoutP>;
+  static constexpr int kOffsetV = kKVElems;
+  static constexpr int kOffsetQ = 2 * kKVElems;
+  static constexpr int kOffsetDO = kOffsetQ + kQStages * kQElems;
+  static constexpr int kOffsetP = kOffsetDO + kQStages * kQElems;
+  static constexpr int kOffsetDS = kOffsetP + kPElems;
+  static constexpr int kSmemBytes = (kOffsetDS + kPElems) * int(sizeof(Element));
+
+  // Global -> shared: 16-byte cp.async, threads row-major over kSmemRowElems columns.
+  static constexpr int kElemsPer16B = 16 / int(sizeof(Element));
+  static constexpr int kThreadsPerRow = kSmemRowElems / kElemsPer16B;
+  static constexpr int kRowsPerCopy = kNThreads / kThreadsPerRow;
+  static_assert(kBlockM % kRowsPerCopy == 0 && kBlockN % kRowsPerCopy == 0);
+  using GmemThreadLayout = cute::Layout<cute::Shape<cute::Int<kRowsPerCopy>, cute::Int<kThreadsPerRow>>,
+                                        cute::Stride<cute::Int<kThreadsPerRow>, cute::_1>>;
+  using GmemValLayout = cute::Layout<cute::Shape<cute::_1, cute::Int<kElemsPer16B>>>;
+  using GmemTiledCopyLoad = decltype(cute::make_tiled_copy(
+      cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{},
+      GmemThreadLayout{}, GmemValLayout{}));
+  using GmemTiledCopyStore = decltype(cute::make_tiled_copy(
+      cute::Copy_Atom<cute::UniversalCopy<cute::uint128_t>, Element>{}, GmemThreadLayout{},
+      GmemValLayout{}));
+
+  using SmemCopyAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, Element>;
+  using SmemCopyAtomTransposed = cute::Copy_Atom<cute::SM75_U16x8_LDSM_T, Element>;
+  using SmemCopyAtomStore = cute::Copy_Atom<cute::AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
+};
+
+}  // namespace flashcute::ampere

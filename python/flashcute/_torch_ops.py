@@ -1,0 +1,118 @@
+"""torch.library custom ops ``flashcute::attention_forward`` / ``flashcute::attention_backward``
+and the autograd formula that ties them, so that ``flashcute.attention`` on torch tensors is
+differentiable and traceable by ``torch.compile`` (fake implementations give output shapes)
+and capturable in CUDA graphs (all work on the current stream, memory from torch's allocator).
+
+Imported only when torch tensors are used.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+
+def _check_fake_shapes(q: Tensor, k: Tensor, v: Tensor) -> None:
+    """The shape rules the fake implementation can check without reading data."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dim() != 4:
+            raise ValueError(
+                f"{name}: expected a 4-d tensor (batch, seqlen, nheads, headdim), "
+                f"got shape {tuple(x.shape)}"
+            )
+    if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3]:
+        raise ValueError(
+            f"q, k, v: shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)} do not match"
+        )
+
+
+def _kernel_layout(x: Tensor) -> Tensor:
+    """``x``, or a contiguous copy where its strides are not ones the kernels take (gradients
+    from autograd may be expanded, stride 0, or otherwise oddly strided)."""
+    strides_ok = x.stride(-1) == 1 and all(
+        size <= 1 or (stride > 0 and stride % 8 == 0)
+        for size, stride in zip(x.shape[:-1], x.stride()[:-1])
+    )
+    return x if strides_ok and x.data_ptr() % 16 == 0 else x.contiguous()
+
+
+@torch.library.custom_op("flashcute::attention_forward", mutates_args=())
+def attention_forward(
+    q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float, backend: Optional[str]
+) -> tuple[Tensor, Tensor]:
+    """(out, lse) of flashcute's forward; out is contiguous (batch, seqlen_q, nheads, headdim)."""
+    from .attention import attention_dlpack
+
+    return attention_dlpack(
+        q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True, backend=backend
+    )
+
+
+@attention_forward.register_fake
+def _(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float,
+      backend: Optional[str]) -> tuple[Tensor, Tensor]:
+    _check_fake_shapes(q, k, v)
+    batch, seqlen_q, nheads, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashcute::attention_backward", mutates_args=())
+def attention_backward(
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool,
+    softmax_scale: float, deterministic: bool, backend: Optional[str],
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) of flashcute's backward, each contiguous."""
+    from .backward import attention_backward as backward_dlpack
+
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    backward_dlpack(
+        _kernel_layout(dout), q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
+        dq=dq, dk=dk, dv=dv, deterministic=deterministic, backend=backend,
+    )
+    return dq, dk, dv
+
+
+@attention_backward.register_fake
+def _(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool,
+      softmax_scale: float, deterministic: bool,
+      backend: Optional[str]) -> tuple[Tensor, Tensor, Tensor]:
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+    q, k, v, causal, softmax_scale, backend = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.causal = causal
+    ctx.softmax_scale = softmax_scale
+    # Only the Ampere path has backward kernels: a forward forced onto "hopper" differentiates
+    # with the default choice.
+    ctx.backend = None if backend == "hopper" else backend
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx: Any, dout: Tensor, _dlse: Optional[Tensor]) -> tuple[Any, ...]:
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = attention_backward(
+        dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale,
+        torch.are_deterministic_algorithms_enabled(), ctx.backend,
+    )
+    return dq, dk, dv, None, None, None
+
+
+attention_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def attention(
+    q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: Optional[float],
+    return_lse: bool, backend: Optional[str],
+) -> Any:
+    """The front door's torch route (arguments already type-checked)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    out, lse = attention_forward(q, k, v, causal, scale, backend)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,82 @@
+"""Argument checks for the attention backward pass, on top of the forward's checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._validate import (
+    ForwardProblem,
+    _check_devices,
+    _check_rank,
+    _check_strides,
+    _fmt,
+    _inspect,
+    validate_forward,
+)
+
+
+def validate_backward(
+    dout: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    *,
+    dq: Any = None,
+    dk: Any = None,
+    dv: Any = None,
+    causal: Any = False,
+    softmax_scale: Any = None,
+    deterministic: Any = False,
+    backend: Any = None,
+) -> ForwardProblem:
+    """Check the arguments of an attention backward call and describe the problem.
+
+    q, k, v, out follow the forward's rules (see ``validate_forward``); dout and dq have q's
+    shape, dk and dv k's shape, all in q's dtype on q's device with unit headdim stride; lse
+    is the forward's float32 (batch, nheads, seqlen_q) log-sum-exp with unit last stride.
+
+    Raises:
+        TypeError: a non-DLPack argument, wrong dtypes, a non-bool flag.
+        ValueError: wrong ranks, shapes, strides, devices, head dim, scale or backend name.
+        ImportError: the compiled extension is missing.
+    """
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__qualname__}")
+    problem = validate_forward(
+        q, k, v, out, causal=causal, softmax_scale=softmax_scale, backend=backend,
+        check_device=False,
+    )
+    if out is None:
+        raise TypeError("out: expected the forward's output, got None")
+    infos = [_inspect("dout", dout)]
+    for name, x in (("dq", dq), ("dk", dk), ("dv", dv)):
+        if x is not None:
+            infos.append(_inspect(name, x))
+    q_shape = problem.out_shape
+    kv_shape = (problem.batch, problem.seqlen_k, problem.nheads_kv, problem.headdim)
+    for info in infos:
+        _check_rank(info)
+        expected = kv_shape if info.name in ("dk", "dv") else q_shape
+        if info.shape != expected:
+            raise ValueError(
+                f"{info.name}: expected shape {_fmt(expected)}, got {_fmt(info.shape)}"
+            )
+        if info.dtype != problem.dtype:
+            raise TypeError(
+                f"{info.name}: dtype {info.dtype} does not match q's dtype {problem.dtype}"
+            )
+        _check_strides(info)
+    lse_info = _inspect("lse", lse)
+    if lse_info.dtype != "float32" or lse_info.shape != problem.lse_shape:
+        raise ValueError(
+            f"lse: expected the forward's float32 (batch, nheads, seqlen_q) = "
+            f"{_fmt(problem.lse_shape)} log-sum-exp, got {lse_info.dtype} {_fmt(lse_info.shape)}"
+        )
+    if problem.lse_shape[2] > 1 and lse_info.strides[2] != 1:
+        raise ValueError(f"lse: expected unit stride in the last dimension, got {_fmt(lse_info.strides)}")
+    others = [_inspect(name, x) for name, x in (("k", k), ("v", v), ("out", out))]
+    _check_devices(_inspect("q", q), [*others, *infos, lse_info])
+    return problem
+

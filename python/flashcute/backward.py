@@ -1,0 +1,99 @@
+"""``flashcute.attention_backward``: gradients of the attention forward, on DLPack tensors."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from ._build_info import load_extension
+from ._dispatch import choose_backward_backend
+from ._frameworks import export, framework_of
+from ._validate import type_name
+from ._validate_backward import validate_backward
+
+
+def attention_backward(
+    dout: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    *,
+    causal: bool = False,
+    softmax_scale: Optional[float] = None,
+    dq: Any = None,
+    dk: Any = None,
+    dv: Any = None,
+    deterministic: bool = False,
+    backend: Optional[str] = None,
+) -> tuple[Any, Any, Any]:
+    """Gradients of ``flashcute.attention`` with respect to q, k and v.
+
+    The attention weights are recomputed block by block from q, k and the forward's
+    log-sum-exp; memory stays linear in the sequence length.
+
+    Args:
+        dout: gradient of the loss with respect to the forward's output, q's shape and dtype.
+        q, k, v: the forward's inputs (same layout, dtype, GQA and stride rules).
+        out, lse: the forward's output and its float32 (batch, nheads, seqlen_q) log-sum-exp
+            (``flashcute.attention(..., return_lse=True)``).
+        causal, softmax_scale: as given to the forward (scale default 1/sqrt(headdim)).
+        dq, dk, dv: optional tensors to write the gradients into (q's, k's, v's shape and
+            dtype); dk and dv have nheads_kv heads, each the sum over its query-head group.
+        deterministic: bitwise reproducible gradients (no floating-point atomics); dQ then
+            costs a second pass over the key blocks.
+        backend: None (choose by GPU) or "ampere"; the Hopper path has no backward kernels
+            in this version.
+
+    Workspaces (an fp32 dQ accumulator and per-row sums) are allocated by q's framework, and
+    the kernels run on its current stream, as in the forward.
+
+    Returns:
+        ``(dq, dk, dv)``: the given buffers, or new arrays of q's framework.
+
+    Raises:
+        TypeError, ValueError: invalid arguments; messages name the argument.
+        RuntimeError: no usable GPU, or a CUDA error.
+        ImportError: the compiled extension is missing.
+    """
+    alloc = framework_of(q)
+    if alloc is None:
+        raise TypeError(
+            f"q: flashcute can allocate gradients and workspaces only for a torch.Tensor, "
+            f"cupy.ndarray or jax.Array, got {type_name(q)}"
+        )
+    exported = [export(x) for x in (dout, q, k, v, out, lse)]
+    problem = validate_backward(
+        *exported, dq=dq, dk=dk, dv=dv, causal=causal, softmax_scale=softmax_scale,
+        deterministic=deterministic, backend=backend,
+    )
+    for x in (dq, dk, dv):
+        adapter = framework_of(x) if x is not None else None
+        if adapter is not None:
+            adapter.check_out(x)
+    ext = load_extension()
+    capability = int(ext.device_capability(problem.device_id))
+    backend_code = choose_backward_backend(
+        backend, capability, headdim=problem.headdim, dtype=problem.dtype
+    )
+    kv_shape = (problem.batch, problem.seqlen_k, problem.nheads_kv, problem.headdim)
+    grads = [
+        given if given is not None else alloc.empty(q, shape, problem.dtype)
+        for given, shape in ((dq, problem.out_shape), (dk, kv_shape), (dv, kv_shape))
+    ]
+    nbytes = int(ext.backward_workspace_size(
+        problem.batch, problem.seqlen_q, problem.seqlen_k, problem.nheads, problem.nheads_kv,
+        problem.headdim, backend_code,
+    ))
+    workspace = alloc.empty(q, (nbytes,), "uint8")
+    if alloc.synchronize_after:
+        for x in (dout, q, k, v, out, lse):
+            alloc.prepare(x)
+    stream = alloc.stream(q)
+    ext.backward(
+        *exported, *[export(g) for g in grads],
+        workspace, problem.scale, causal, deterministic, backend_code, stream,
+    )
+    if alloc.synchronize_after:
+        ext.synchronize(stream, problem.device_id)
+    return grads[0], grads[1], grads[2]
