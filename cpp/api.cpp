@@ -111,15 +111,15 @@ FwdKernelParams kernel_params(const AttentionForwardParams& p) {
   return k;
 }
 
-// Workspace of the backward: fp32 dQ accumulator, then fp32 rowsum(dO∘O), per (batch, head)
-// padded to whole 128-row query blocks.
+// Workspace of the backward: fp32 rowsum(dO∘O) per (batch, head), padded to whole 128-row
+// query blocks.
 constexpr int64_t kBwdRowPadding = 128;
 int64_t padded_seqlen_q(int64_t seqlen_q) {
   return (seqlen_q + kBwdRowPadding - 1) / kBwdRowPadding * kBwdRowPadding;
 }
 size_t bwd_workspace_bytes(const AttentionBackwardParams& p) {
   const int64_t rows = p.batch * p.nheads * padded_seqlen_q(p.seqlen_q);
-  return static_cast<size_t>(rows * (p.headdim + 1)) * sizeof(float);
+  return static_cast<size_t>(rows) * sizeof(float);
 }
 
 Status check_backward(const AttentionBackwardParams& p) {
@@ -165,8 +165,7 @@ BwdKernelParams kernel_params(const AttentionBackwardParams& p) {
   k.q = p.q, k.k = p.k, k.v = p.v, k.out = p.out, k.dout = p.dout, k.lse = p.lse;
   k.dq = p.dq, k.dk = p.dk, k.dv = p.dv;
   k.seqlen_q_padded = static_cast<int>(padded_seqlen_q(p.seqlen_q));
-  k.dq_accum = static_cast<float*>(p.workspace);
-  k.row_dot = k.dq_accum + p.batch * p.nheads * k.seqlen_q_padded * p.headdim;
+  k.row_dot = static_cast<float*>(p.workspace);
   k.q_batch_stride = p.q_batch_stride, k.q_row_stride = p.q_row_stride, k.q_head_stride = p.q_head_stride;
   k.k_batch_stride = p.k_batch_stride, k.k_row_stride = p.k_row_stride, k.k_head_stride = p.k_head_stride;
   k.v_batch_stride = p.v_batch_stride, k.v_row_stride = p.v_row_stride, k.v_head_stride = p.v_head_stride;
@@ -188,7 +187,6 @@ BwdKernelParams kernel_params(const AttentionBackwardParams& p) {
   k.softmax_scale = p.softmax_scale;
   k.scale_log2 = p.softmax_scale * 1.4426950408889634f;
   k.causal = p.causal;
-  k.deterministic = p.deterministic;
   return k;
 }
 

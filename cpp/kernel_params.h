@@ -28,8 +28,7 @@ struct FwdKernelParams {
 };
 
 // Backward: dQ, dK, dV from dO, the forward's inputs, its output and its LSE. The workspace
-// holds, per (batch, head), fp32 dQ partial sums (dq_accum) and rowsum(dO∘O) (row_dot), both
-// padded to seqlen_q_padded rows so that whole query blocks can be read and written.
+// holds rowsum(dO∘O) (row_dot) per (batch, head), padded to seqlen_q_padded rows.
 struct BwdKernelParams {
   const void* __restrict__ q;
   const void* __restrict__ k;
@@ -40,8 +39,7 @@ struct BwdKernelParams {
   void* __restrict__ dq;
   void* __restrict__ dk;
   void* __restrict__ dv;
-  float* __restrict__ dq_accum;  // (batch, nheads, seqlen_q_padded, headdim)
-  float* __restrict__ row_dot;   // (batch, nheads, seqlen_q_padded)
+  float* __restrict__ row_dot;  // (batch, nheads, seqlen_q_padded)
 
   int64_t q_batch_stride, q_row_stride, q_head_stride;
   int64_t k_batch_stride, k_row_stride, k_head_stride;
@@ -60,7 +58,6 @@ struct BwdKernelParams {
   float softmax_scale;
   float scale_log2;
   bool causal;
-  bool deterministic;  // dQ without atomics: a separate pass over key blocks per query block
 };
 
 }  // namespace flashcute

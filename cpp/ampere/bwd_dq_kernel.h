@@ -1,7 +1,8 @@
-// Ampere-path backward, deterministic dQ: one CTA per query block walks its key blocks in a
-// fixed order and owns its dQ rows outright, so no floating-point atomics are involved and
-// gradients are bitwise reproducible. It recomputes S, P and dP (three GEMMs instead of one
-// per block pair), which is the price of determinism; the main kernel then skips dQ.
+// Ampere-path backward, dQ: one CTA per query block walks its key blocks in a fixed order and
+// owns its dQ rows outright, so no floating-point atomics are involved and gradients are
+// bitwise reproducible. It recomputes S, P and dP (three GEMMs per block pair where the main
+// kernel could add dS·K with one GEMM and atomics); on an H200 this pass plus an atomic-free
+// main kernel measured 10-40% faster than the atomic variant.
 //
 // The structure follows the forward kernel: warps split the query rows, K/V stream through a
 // two-stage cp.async pipeline, and dS stays in registers as the A operand of dQ += dS·K.
@@ -20,7 +21,7 @@
 
 namespace flashcute::ampere {
 
-// Shared memory: [Q][dO][stage 0: K, V][stage 1: K, V]; every entry fits the 99 KB of sm86/89.
+// Shared memory: [Q][dO][stage 0: K, V][stage 1: K, V].
 template <class Element, int kHeadDim, int kBlockM, int kBlockN, int kNWarps>
 struct BwdDqTraits : FwdTraits<Element, kHeadDim, kBlockM, kBlockN, kNWarps, 2, false> {
   using Base = FwdTraits<Element, kHeadDim, kBlockM, kBlockN, kNWarps, 2, false>;
@@ -29,12 +30,32 @@ struct BwdDqTraits : FwdTraits<Element, kHeadDim, kBlockM, kBlockN, kNWarps, 2, 
   static constexpr int kSmemBytes = (kOffsetKV + 2 * Base::kStageElems) * int(sizeof(Element));
 };
 
-template <class Element, int kHeadDim>
+// "BlockM, BlockN, Warps" per head dim: sm80 code within 99 KB of shared memory (sm86/89),
+// sm90 code as measured on an H200. FLASHCUTE_AMPERE_DQ_TILE (three -D values, M N W) overrides
+// the sm90 entry of every head dim, for measurements.
+template <int kHeadDim, int kArch>
+struct BwdDqTile {
+  static constexpr int kM = kHeadDim == 256 ? 32 : 64;
+  static constexpr int kN = kHeadDim > 128 ? 32 : 64;
+  static constexpr int kWarps = kHeadDim == 256 ? 2 : 4;
+};
+template <int kHeadDim>
+struct BwdDqTile<kHeadDim, 90> {
+#if defined(FLASHCUTE_AMPERE_DQ_TILE_M)
+  static constexpr int kM = FLASHCUTE_AMPERE_DQ_TILE_M;
+  static constexpr int kN = FLASHCUTE_AMPERE_DQ_TILE_N;
+  static constexpr int kWarps = FLASHCUTE_AMPERE_DQ_TILE_WARPS;
+#else
+  static constexpr int kM = kHeadDim == 256 ? 32 : 64;
+  static constexpr int kN = kHeadDim > 128 ? 32 : 64;
+  static constexpr int kWarps = kHeadDim == 256 ? 2 : 4;
+#endif
+};
+
+template <class Element, int kHeadDim, int kArch>
 struct BwdDqTraitsFor {
-  static constexpr bool kWide = kHeadDim > 128;
-  // "BlockM, BlockN, Warps" measured for registers (no spills) and 99 KB of shared memory.
-  using type = BwdDqTraits<Element, kHeadDim, kHeadDim == 256 ? 32 : 64, kWide ? 32 : 64,
-                           kHeadDim == 256 ? 2 : 4>;
+  using Tile = BwdDqTile<kHeadDim, kArch>;
+  using type = BwdDqTraits<Element, kHeadDim, Tile::kM, Tile::kN, Tile::kWarps>;
 };
 
 template <class Traits>
@@ -229,10 +250,11 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
 }
 
 template <class Element, int kHeadDim>
-__global__ void __launch_bounds__(BwdDqTraitsFor<Element, kHeadDim>::type::kNThreads, 1)
+__global__ void __launch_bounds__(
+    BwdDqTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type::kNThreads, 1)
     bwd_dq_kernel(__grid_constant__ const BwdKernelParams params) {
 #if defined(__CUDA_ARCH__)
-  bwd_dq_block<typename BwdDqTraitsFor<Element, kHeadDim>::type>(params);
+  bwd_dq_block<typename BwdDqTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type>(params);
 #endif
 }
 

@@ -1,11 +1,14 @@
-// Ampere-path attention backward, main kernel: dK and dV of one key block, dQ contributions.
+// Ampere-path attention backward, main kernel: dK and dV of one key block.
 //
 // One CTA owns kBlockN keys of one (batch, kv head); K and V stay in shared memory while the
 // CTA walks every query block of every query head in the GQA group, so dK and dV (registers,
 // fp32) come out already summed over the group. Per query block, with P recomputed from the
 // forward's LSE (never stored):
 //   S = Q·Kᵀ, P = exp(scale·S - lse), dP = dO·Vᵀ, dS = P∘(dP - rowsum(dO∘O))
-//   dV += Pᵀ·dO, dK += dSᵀ·Q (scaled once at the end), dQ += dS·K added to fp32 dq_accum.
+//   dV += Pᵀ·dO, dK += dSᵀ·Q (scaled once at the end).
+// dQ comes from its own pass over query blocks (bwd_dq_kernel.h): adding dS·K from every key
+// block into a shared fp32 buffer with atomics measured slower than recomputing S and dP
+// there (and would not be reproducible).
 // Query blocks that cross the causal diagonal or meet the seqlen_k tail come first; the rest
 // skip the mask with one warp-uniform branch. (The loop body is written out, not a lambda: a
 // lambda too large to inline would put the by-reference accumulators in local memory.)
@@ -153,24 +156,11 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params) {
   clear(acc_dk);
   clear(acc_dv);
 
-  // dQ = dS·K: dS K-major (plain), Kᵀ transposed.
-  typename Traits::TiledMmadQ mma_dq;
-  auto thr_dq = mma_dq.get_thread_slice(tid);
-  auto copy_a_dq = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, mma_dq);
-  auto copy_b_dq = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, mma_dq);
-  auto thr_copy_a_dq = copy_a_dq.get_thread_slice(tid);
-  auto thr_copy_b_dq = copy_b_dq.get_thread_slice(tid);
-  Tensor sdS = make_tensor(make_smem_ptr(smem_ds), typename Traits::SmemLayoutP{});
-  Tensor sKt = make_tensor(make_smem_ptr(smem), typename Traits::SmemLayoutKt{});
-  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
-  Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);
-  Tensor tdQcdQ = thr_dq.partition_C(make_identity_tensor(TileQ{}));
-
   // P and dS registers -> shared memory.
   auto copy_p = make_tiled_copy_C(typename Traits::SmemCopyAtomStore{}, mma_sdp);
   auto thr_copy_p = copy_p.get_thread_slice(tid);
   Tensor tPsP = thr_copy_p.partition_D(make_tensor(make_smem_ptr(smem_p), typename Traits::SmemLayoutP{}));
-  Tensor tPsdS = thr_copy_p.partition_D(sdS);
+  Tensor tPsdS = thr_copy_p.partition_D(make_tensor(make_smem_ptr(smem_ds), typename Traits::SmemLayoutP{}));
 
   // Score coordinates: this thread's first element plus compile-time offsets (see mask.h).
   Tensor cS = make_identity_tensor(TileS{});
@@ -203,9 +193,9 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params) {
       }
 
       const int row0 = m * kBlockM;
-      const int64_t bh = int64_t(batch) * params.nheads + h;
       const float* lse_base = params.lse + batch * params.lse_batch_stride + h * params.lse_head_stride;
-      const float* row_dot_base = params.row_dot + bh * params.seqlen_q_padded;
+      const float* row_dot_base =
+          params.row_dot + (int64_t(batch) * params.nheads + h) * params.seqlen_q_padded;
       const int thread_row = row0 + get<0>(tScS(0));
       // Per row: lse in log2 units (+inf where no P may survive: rows past seqlen_q, rows that
       // saw no key) and rowsum(dO∘O).
@@ -262,21 +252,6 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params) {
         __syncthreads();  // every warp is done with Q and dO
         if (has_next) load_q_do(h_next, m_next, 0);
         cp_async_fence();
-      }
-
-      if (!params.deterministic) {
-        Tensor acc_dq = partition_fragment_C(mma_dq, TileQ{});
-        clear(acc_dq);
-        gemm_from_smem<false, FLASHCUTE_AMPERE_BWD_LOOKAHEAD != 0>(acc_dq, tdQrdS, tdQrKt, thr_copy_a_dq.partition_S(sdS),
-                                     thr_copy_a_dq.retile_D(tdQrdS), thr_copy_b_dq.partition_S(sKt),
-                                     thr_copy_b_dq.retile_D(tdQrKt), mma_dq, copy_a_dq, copy_b_dq);
-        // Rows past seqlen_q add zeros into the padding of dq_accum.
-        float* dq_base = params.dq_accum + (bh * params.seqlen_q_padded + row0) * kHeadDim;
-        CUTE_UNROLL
-        for (int i = 0; i < size(acc_dq); ++i) {
-          const auto coord = tdQcdQ(i);
-          atomicAdd(dq_base + get<0>(coord) * kHeadDim + get<1>(coord), acc_dq(i));
-        }
       }
       if constexpr (kQStages == 2) stage ^= 1;
     }

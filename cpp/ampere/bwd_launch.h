@@ -1,6 +1,6 @@
 // Host-side launch of the Ampere-path backward for one (dtype, head dim), all on one stream:
-// the row-wise prepare pass, the main kernel over key blocks, then dQ's conversion from fp32;
-// deterministic runs replace the last with the dQ kernel over query blocks.
+// the row-wise prepare pass, then dK/dV over key blocks and dQ over query blocks. No atomics
+// anywhere, so the gradients are bitwise reproducible.
 #pragma once
 
 #include <array>
@@ -41,11 +41,18 @@ void launch_bwd_main(Kernel kernel, const BwdKernelParams& params, cudaStream_t 
   kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params);
 }
 
+template <class Traits, class Kernel>
+void launch_bwd_dq(Kernel kernel, const BwdKernelParams& params, cudaStream_t stream) {
+  const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.nheads, params.batch);
+  kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params);
+}
+
 template <class Element, int kHeadDim>
 Status run_bwd(const BwdKernelParams& params, cudaStream_t stream) {
   using Traits90 = typename BwdTraitsFor<Element, kHeadDim, 90>::type;
   using Traits80 = typename BwdTraitsFor<Element, kHeadDim, 80>::type;
-  using DqTraits = typename BwdDqTraitsFor<Element, kHeadDim>::type;
+  using DqTraits90 = typename BwdDqTraitsFor<Element, kHeadDim, 90>::type;
+  using DqTraits80 = typename BwdDqTraitsFor<Element, kHeadDim, 80>::type;
   auto kernel = &bwd_kernel<Element, kHeadDim>;
   auto dq_kernel = &bwd_dq_kernel<Element, kHeadDim>;
   int device = 0;
@@ -63,28 +70,27 @@ Status run_bwd(const BwdKernelParams& params, cudaStream_t stream) {
     const Status prepared = arch == 90 ? prepare_bwd<Traits90>(kernel, device)
                                        : prepare_bwd<Traits80>(kernel, device);
     if (!prepared.ok()) return prepared;
-    if (Status s = prepare_bwd<DqTraits>(dq_kernel, device); !s.ok()) return s;
+    const Status dq_prepared = arch == 90 ? prepare_bwd<DqTraits90>(dq_kernel, device)
+                                          : prepare_bwd<DqTraits80>(dq_kernel, device);
+    if (!dq_prepared.ok()) return dq_prepared;
     if (device < kCachedDevices) tile_arch[device].store(arch, std::memory_order_release);
   }
 
   using Rows = RowwiseShape<kHeadDim>;
-  const dim3 rows_grid_padded((params.seqlen_q_padded + Rows::kRowsPerBlock - 1) / Rows::kRowsPerBlock,
-                              params.nheads, params.batch);
-  const dim3 rows_grid((params.seqlen_q + Rows::kRowsPerBlock - 1) / Rows::kRowsPerBlock,
-                       params.nheads, params.batch);
-  if (params.seqlen_q > 0)
-    bwd_prepare_kernel<Element, kHeadDim><<<rows_grid_padded, Rows::kThreads, 0, stream>>>(params);
+  if (params.seqlen_q > 0) {
+    const dim3 rows_grid((params.seqlen_q_padded + Rows::kRowsPerBlock - 1) / Rows::kRowsPerBlock,
+                         params.nheads, params.batch);
+    bwd_prepare_kernel<Element, kHeadDim><<<rows_grid, Rows::kThreads, 0, stream>>>(params);
+  }
   if (params.seqlen_k > 0) {
     // seqlen_q == 0 still runs: dK and dV must be written (as zeros).
     if (arch == 90) launch_bwd_main<Traits90>(kernel, params, stream);
     else launch_bwd_main<Traits80>(kernel, params, stream);
   }
-  if (params.seqlen_q > 0 && params.deterministic) {
-    const dim3 grid((params.seqlen_q + DqTraits::kBlockM - 1) / DqTraits::kBlockM, params.nheads,
-                    params.batch);
-    dq_kernel<<<grid, DqTraits::kNThreads, DqTraits::kSmemBytes, stream>>>(params);
-  } else if (params.seqlen_q > 0) {
-    bwd_finish_dq_kernel<Element, kHeadDim><<<rows_grid, Rows::kThreads, 0, stream>>>(params);
+  if (params.seqlen_q > 0) {
+    // seqlen_k == 0 still runs: dQ must be written (as zeros).
+    if (arch == 90) launch_bwd_dq<DqTraits90>(dq_kernel, params, stream);
+    else launch_bwd_dq<DqTraits80>(dq_kernel, params, stream);
   }
   return cuda_status(cudaGetLastError(), "ampere backward launch");
 }

@@ -1,13 +1,10 @@
-// Row-wise passes around the backward's main kernel, both memory-bound:
-//  - bwd_prepare: row_dot = rowsum(dO∘O) per (batch, head, query row), and dq_accum zeroed
-//    (so no memset is needed: everything runs on the caller's stream as kernels);
-//  - bwd_finish_dq: dQ = softmax_scale · dq_accum, converted to the input dtype.
+// The backward's row-wise prepare pass (memory-bound): row_dot = rowsum(dO∘O) per (batch,
+// head, query row), the softmax term of dS = P∘(dP - row_dot); padding rows get 0.
 // A group of kLanes threads owns one row, 8 elements (16 bytes of fp16/bf16) per thread.
 #pragma once
 
 #include <cute/tensor.hpp>
 #include <cutlass/array.h>
-#include <cutlass/numeric_conversion.h>
 
 #include "kernel_params.h"
 
@@ -51,36 +48,6 @@ __global__ void __launch_bounds__(RowwiseShape<kHeadDim>::kThreads)
 
   const int64_t bh_row = (int64_t(batch) * params.nheads + head) * params.seqlen_q_padded + row;
   if (lane == 0) params.row_dot[bh_row] = dot;
-  if (active) {
-    float4* acc = reinterpret_cast<float4*>(params.dq_accum + bh_row * kHeadDim + col);
-    acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
-    acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-}
-
-template <class Element, int kHeadDim>
-__global__ void __launch_bounds__(RowwiseShape<kHeadDim>::kThreads)
-    bwd_finish_dq_kernel(__grid_constant__ const BwdKernelParams params) {
-  using Shape = RowwiseShape<kHeadDim>;
-  const int lane = threadIdx.x % Shape::kLanes;
-  const int row = blockIdx.x * Shape::kRowsPerBlock + threadIdx.x / Shape::kLanes;
-  const int head = blockIdx.y;
-  const int batch = blockIdx.z;
-  const int col = lane * 8;
-  if (lane >= Shape::kChunks || row >= params.seqlen_q) return;
-
-  const int64_t bh_row = (int64_t(batch) * params.nheads + head) * params.seqlen_q_padded + row;
-  const float4* acc = reinterpret_cast<const float4*>(params.dq_accum + bh_row * kHeadDim + col);
-  const float4 lo = acc[0], hi = acc[1];
-  cutlass::Array<float, 8> values{};
-  values[0] = lo.x, values[1] = lo.y, values[2] = lo.z, values[3] = lo.w;
-  values[4] = hi.x, values[5] = hi.y, values[6] = hi.z, values[7] = hi.w;
-  CUTE_UNROLL
-  for (int i = 0; i < 8; ++i) values[i] *= params.softmax_scale;
-  cutlass::NumericArrayConverter<Element, float, 8> convert;
-  auto* dq = static_cast<Element*>(params.dq) + batch * params.dq_batch_stride +
-             head * params.dq_head_stride + int64_t(row) * params.dq_row_stride + col;
-  *reinterpret_cast<cutlass::Array<Element, 8>*>(dq) = convert(values);
 }
 
 }  // namespace flashcute::ampere

@@ -1,12 +1,11 @@
 // Tile shapes, shared-memory layouts and copy/MMA atoms of the Ampere-path backward kernel.
 //
 // A CTA owns kBlockN keys of one (batch, kv head) and walks the query rows kBlockM at a time,
-// over every query head of the GQA group. Per query block it runs five GEMMs, each with its
-// own warp arrangement (so register tiles stay small for every head dim):
+// over every query head of the GQA group. Per query block it runs four GEMMs, each pair with
+// its own warp arrangement (so register tiles stay small for every head dim):
 //   S  = Q·Kᵀ,  dP = dO·Vᵀ   (kBlockM × kBlockN)   warps kWarpsMSdP × rest
 //   dV += Pᵀ·dO, dK += dSᵀ·Q  (kBlockN × headdim)   warps kWarpsNdKV × rest
-//   dQ  = dS·K               (kBlockM × headdim)   warps kWarpsMdQ × rest, added to fp32 dQ
-// P and dS go through shared memory, which gives the transposed operands of the last three.
+// P and dS go through shared memory, which gives the transposed operands of the last two.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -17,7 +16,7 @@
 namespace flashcute::ampere {
 
 template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_,
-          int kWarpsMSdP_, int kWarpsNdKV_, int kWarpsMdQ_, int kQStages_>
+          int kWarpsMSdP_, int kWarpsNdKV_, int kQStages_>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -39,10 +38,8 @@ struct BwdTraits {
       cute::Tile<cute::Int<16 * kWarpsM>, cute::Int<16 * (kNWarps / kWarpsM)>, cute::_16>>;
   using TiledMmaSdP = TiledMmaWith<kWarpsMSdP_>;
   using TiledMmadKV = TiledMmaWith<kWarpsNdKV_>;
-  using TiledMmadQ = TiledMmaWith<kWarpsMdQ_>;
   static_assert(kBlockM % (16 * kWarpsMSdP_) == 0 && kBlockN % (16 * (kNWarps / kWarpsMSdP_)) == 0);
   static_assert(kBlockN % (16 * kWarpsNdKV_) == 0 && kHeadDim % (16 * (kNWarps / kWarpsNdKV_)) == 0);
-  static_assert(kBlockM % (16 * kWarpsMdQ_) == 0 && kHeadDim % (16 * (kNWarps / kWarpsMdQ_)) == 0);
 
   // Swizzled rows of 64 (or 32) elements, as in the forward: conflict-free 16-byte cp.async
   // writes and ldmatrix reads, plain or transposed.
@@ -64,7 +61,6 @@ struct BwdTraits {
   using SmemLayoutP = decltype(cute::tile_to_shape(
       SwizzleAtom<kPRowElems>{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>{}));
   using SmemLayoutQt = Transposed<SmemLayoutQ, kBlockM, kHeadDim>;   // (headdim, rows): Qᵀ, dOᵀ
-  using SmemLayoutKt = Transposed<SmemLayoutKV, kBlockN, kHeadDim>;  // (headdim, keys): Kᵀ
   using SmemLayoutPt = Transposed<SmemLayoutP, kBlockM, kBlockN>;    // (keys, rows): Pᵀ, dSᵀ
 
   // Shared memory: [K][V][Q stages][dO stages][P][dS]; dK and dV are staged in K/V's place.

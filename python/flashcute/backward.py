@@ -40,13 +40,13 @@ def attention_backward(
         causal, softmax_scale: as given to the forward (scale default 1/sqrt(headdim)).
         dq, dk, dv: optional tensors to write the gradients into (q's, k's, v's shape and
             dtype); dk and dv have nheads_kv heads, each the sum over its query-head group.
-        deterministic: bitwise reproducible gradients (no floating-point atomics); dQ then
-            costs a second pass over the key blocks.
+        deterministic: ask for bitwise reproducible gradients. The Ampere path always gives
+            them (it uses no floating-point atomics), so the flag costs nothing there.
         backend: None (choose by GPU) or "ampere"; the Hopper path has no backward kernels
             in this version.
 
-    Workspaces (an fp32 dQ accumulator and per-row sums) are allocated by q's framework, and
-    the kernels run on its current stream, as in the forward.
+    The workspace (fp32 per-row sums, 4 bytes per query row and head) is allocated by q's
+    framework, and the kernels run on its current stream, as in the forward.
 
     Returns:
         ``(dq, dk, dv)``: the given buffers, or new arrays of q's framework.

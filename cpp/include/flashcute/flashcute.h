@@ -105,7 +105,9 @@ struct AttentionBackwardParams {
 
   float softmax_scale = 0.f;
   bool causal = false;
-  bool deterministic = false;  // bitwise reproducible gradients (no floating-point atomics)
+  // Bitwise reproducible gradients. The Ampere path always is (it uses no floating-point
+  // atomics); the flag is part of the contract for paths that would otherwise use them.
+  bool deterministic = false;
   DType dtype = DType::kFloat16;
   int device = -1;
   cudaStream_t stream = nullptr;
