@@ -269,6 +269,15 @@ def test_format_table_fake_rows() -> None:
     assert len({len(ln) for ln in [header] + data}) == 1
 
 
+def test_format_table_backward_ratios() -> None:
+    rows = _fake_rows()
+    rows[0].bwd_tflops = 200.0  # flashcute-ampere, first config; sdpa-cudnn 250, sdpa-flash 150
+    table = format_table(rows, ["flashcute-ampere", "sdpa-cudnn", "sdpa-flash"])
+    header, _, first, *_ = table.splitlines()
+    assert "ampere/cudnn bwd" in header and "ampere/flash bwd" in header
+    assert first.split()[-2:] == ["0.80x", "1.33x"]
+
+
 def test_format_table_without_bwd_and_derived_impls() -> None:
     rows = [r for r in _fake_rows() if r.impl != "sdpa-flash"]
     for r in rows:

@@ -68,8 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--impls", type=_impl_list, default=None,
         help=f"comma-separated subset of {', '.join(grid.IMPLS)} (default: all available)")
     add("--bwd", action="store_true",
-        help="also time the backward pass (SDPA via autograd; flashcute when "
-        "it provides a backward)")
+        help="also time the backward pass (every implementation through autograd; "
+        "flashcute-hopper's backward runs on the Ampere path)")
     add("--check", action="store_true",
         help=f"compare each flashcute config against SDPA first and abort if "
         f"the max abs error exceeds {grid.CHECK_ATOL:g}")
@@ -175,7 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"dtype {args.dtype}  batch*seqlen={grid.TOTAL_TOKENS}  "
           f"nheads*hdim={grid.TOTAL_HIDDEN}  timer: {timing.timer_name()} "
           f"(median, warmup {args.warmup:g} ms, rep {args.rep:g} ms)")
-    print("values: fwd TFLOP/s; ratios: flashcute-X / sdpa-Y fwd TFLOP/s")
+    print("values: fwd TFLOP/s; ratios: flashcute-X / sdpa-Y fwd TFLOP/s"
+          + ("; '... bwd' columns: the same for the backward" if args.bwd else ""))
     sys.stdout.flush()
 
     configs = grid.build_grid(args.hdims, args.seqlens, args.causals, args.dtype)

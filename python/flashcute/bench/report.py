@@ -28,7 +28,8 @@ def format_table(rows: Sequence[BenchRow], impls: Sequence[str] | None = None) -
     One line per (dtype, hdim, causal, seqlen), in first-seen order; columns
     are the forward TFLOP/s of each implementation, then the ratios
     ``flashcute-X / sdpa-Y`` for each flashcute and SDPA implementation, then
-    backward TFLOP/s for implementations with backward results.  Missing
+    backward TFLOP/s for implementations with backward results and the same
+    ratios of backward TFLOP/s where both sides have them.  Missing
     measurements show as ``-``.
     """
     impls = list(impls) if impls is not None else _ordered_impls(rows)
@@ -38,6 +39,7 @@ def format_table(rows: Sequence[BenchRow], impls: Sequence[str] | None = None) -
         for s in impls if s.startswith("sdpa-")
     ]
     bwd_impls = [i for i in impls if any(r.impl == i and r.bwd_tflops is not None for r in rows)]
+    bwd_pairs = [(f, s) for f, s in ratio_pairs if f in bwd_impls and s in bwd_impls]
     by_key: dict[RowKey, dict[str, BenchRow]] = {}
     first: dict[RowKey, BenchRow] = {}
     for r in rows:
@@ -47,6 +49,7 @@ def format_table(rows: Sequence[BenchRow], impls: Sequence[str] | None = None) -
     headers = ["dtype", "hdim", "causal", "seqlen", "batch", "nheads", *impls]
     headers += [f"{short_impl(f)}/{short_impl(s)}" for f, s in ratio_pairs]
     headers += [f"{i} bwd" for i in bwd_impls]
+    headers += [f"{short_impl(f)}/{short_impl(s)} bwd" for f, s in bwd_pairs]
 
     body: list[list[str]] = []
     for key, per_impl in by_key.items():
@@ -60,6 +63,12 @@ def format_table(rows: Sequence[BenchRow], impls: Sequence[str] | None = None) -
             else:
                 cells.append("-")
         cells += [_fmt_tflops(per_impl.get(i), backward=True) for i in bwd_impls]
+        for f, s in bwd_pairs:
+            num, den = per_impl.get(f), per_impl.get(s)
+            if num and den and num.bwd_tflops is not None and den.bwd_tflops:
+                cells.append(f"{num.bwd_tflops / den.bwd_tflops:.2f}x")
+            else:
+                cells.append("-")
         body.append(cells)
 
     widths = [max(map(len, column)) for column in zip(headers, *body)]
