@@ -1,7 +1,8 @@
 """flashcute: fused exact-softmax attention kernels for CUDA GPUs, behind DLPack.
 
 ``flashcute.attention`` takes torch, cupy or jax tensors of layout
-(batch, seqlen, heads, headdim). ``flashcute.reference`` is a plain-PyTorch implementation
+(batch, seqlen, heads, headdim) and is differentiable for torch tensors;
+``flashcute.attention_backward`` computes the gradients on any of them. ``flashcute.reference`` is a plain-PyTorch implementation
 of the same semantics for testing. ``import flashcute`` and ``flashcute.reference`` work even
 when the compiled extension ``flashcute._C`` is missing; ``attention`` and ``build_info``
 then raise ImportError.

@@ -102,9 +102,9 @@ def attention(
     stream and synchronizes it before returning.
 
     Torch tensors (without ``out``) go through the custom op ``flashcute::attention_forward``:
-    the result is differentiable (``flashcute::attention_backward``; deterministic when
-    ``torch.use_deterministic_algorithms(True)``), works under ``torch.compile(fullgraph=True)``
-    and in CUDA graphs. The returned lse is not differentiable.
+    the result is differentiable (``flashcute::attention_backward``, bitwise reproducible
+    gradients), works under ``torch.compile(fullgraph=True)`` and in CUDA graphs. The returned
+    lse is not differentiable.
 
     Returns:
         The output (``out`` itself when given), or ``(output, lse)`` when ``return_lse``.
