@@ -2,7 +2,8 @@
 
 tests/cmake_consumer does ``find_package(flashcute CONFIG REQUIRED)`` with
 ``CMAKE_PREFIX_PATH=flashcute.cmake_prefix_path()``, links ``flashcute::flashcute``, and its
-binary checks argument validation and the no-device path of the library.
+binary checks argument validation (forward and backward), the backward's workspace size and
+the no-device path of the library.
 """
 
 from __future__ import annotations
@@ -57,4 +58,7 @@ def test_cmake_consumer(tmp_path):
     _check(result, "running the consumer")
     assert f"flashcute version: {version}" in result.stdout, result.stdout
     assert "invalid call rejected:" in result.stdout, result.stdout
+    assert "backward workspace: 1024 bytes; invalid backward rejected:" in result.stdout, (
+        result.stdout
+    )
     assert "device 0: sm" in result.stdout or "no device:" in result.stdout, result.stdout

@@ -1,5 +1,6 @@
 // Uses the installed flashcute library without a GPU: prints the build version, checks that
-// an invalid call is rejected with kInvalidArgument and a message, and queries device 0.
+// an invalid forward and an invalid backward call are rejected with kInvalidArgument and a
+// message, asks for the backward's workspace size, and queries device 0.
 // Exits 0 when the library behaves, 1 otherwise.
 #include <cstdio>
 
@@ -39,6 +40,32 @@ int main() {
     return 1;
   }
   std::printf("invalid call rejected: %s\n", status.message);
+
+  // The backward: 16 queries × 2 heads need 128 padded rows × 2 heads of fp32 row sums; a call
+  // without pointers is rejected.
+  flashcute::AttentionBackwardParams bwd;
+  bwd.batch = 1;
+  bwd.seqlen_q = 16;
+  bwd.seqlen_k = 16;
+  bwd.nheads = 2;
+  bwd.nheads_kv = 2;
+  bwd.headdim = 64;
+  bwd.softmax_scale = 0.125f;
+  size_t workspace_bytes = 0;
+  const flashcute::Status sized = flashcute::attention_backward_workspace_size(bwd, &workspace_bytes);
+  if (!sized.ok() || workspace_bytes != 128 * 2 * sizeof(float)) {
+    std::printf("FAIL: workspace size %zu, status %d: '%s'\n", workspace_bytes,
+                static_cast<int>(sized.code), sized.message);
+    return 1;
+  }
+  const flashcute::Status rejected = flashcute::attention_backward(bwd);
+  if (rejected.code != flashcute::StatusCode::kInvalidArgument || rejected.message[0] == '\0') {
+    std::printf("FAIL: expected kInvalidArgument from the backward, got code %d: '%s'\n",
+                static_cast<int>(rejected.code), rejected.message);
+    return 1;
+  }
+  std::printf("backward workspace: %zu bytes; invalid backward rejected: %s\n", workspace_bytes,
+              rejected.message);
 
   int capability = -1;
   const flashcute::Status device = flashcute::device_capability(0, &capability);
