@@ -227,7 +227,6 @@ def validate_forward(
     causal: Any = False,
     softmax_scale: Any = None,
     backend: Any = None,
-    check_device: bool = True,
 ) -> ForwardProblem:
     """Check the arguments of an attention forward call and describe the problem.
 
@@ -238,7 +237,6 @@ def validate_forward(
         causal: bool.
         softmax_scale: finite positive float, or None for 1/sqrt(headdim).
         backend: None, "ampere" or "hopper" (only the name is checked here).
-        check_device: False leaves the device check (always last) to the caller.
 
     Every tensor needs unit stride in the headdim dimension, positive strides elsewhere and
     must live on one CUDA device. Zero batch, sequence length or head count is valid.
@@ -251,6 +249,18 @@ def validate_forward(
         ValueError: wrong ranks, shapes, strides, devices, head dim, scale or backend name.
         ImportError: the compiled extension is missing.
     """
+    problem, infos = forward_problem(
+        q, k, v, out, causal=causal, softmax_scale=softmax_scale, backend=backend
+    )
+    _check_devices(infos[0], infos[1:])
+    return problem
+
+
+def forward_problem(
+    q: Any, k: Any, v: Any, out: Any = None, *, causal: Any, softmax_scale: Any, backend: Any
+) -> tuple[ForwardProblem, list[_Info]]:
+    """``validate_forward`` without its last check (devices): the problem and the tensors'
+    infos, q's first, for callers that add tensors of their own before checking devices."""
     check_scalars(causal, softmax_scale, backend)
     tensors = {"q": q, "k": k, "v": v}
     if out is not None:
@@ -266,10 +276,8 @@ def validate_forward(
     _check_headdim(headdim)
     for info in infos.values():
         _check_strides(info)
-    if check_device:
-        _check_devices(qi, others)
     scale = 1.0 / math.sqrt(headdim) if softmax_scale is None else float(softmax_scale)
-    return ForwardProblem(
+    problem = ForwardProblem(
         batch=batch,
         seqlen_q=seqlen_q,
         seqlen_k=ki.shape[1],
@@ -280,3 +288,4 @@ def validate_forward(
         device_id=qi.device_id,
         scale=scale,
     )
+    return problem, [qi, *others]

@@ -11,7 +11,7 @@ from ._validate import (
     _check_strides,
     _fmt,
     _inspect,
-    validate_forward,
+    forward_problem,
 )
 
 
@@ -44,12 +44,11 @@ def validate_backward(
     """
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__qualname__}")
-    problem = validate_forward(
-        q, k, v, out, causal=causal, softmax_scale=softmax_scale, backend=backend,
-        check_device=False,
-    )
     if out is None:
         raise TypeError("out: expected the forward's output, got None")
+    problem, forward_infos = forward_problem(
+        q, k, v, out, causal=causal, softmax_scale=softmax_scale, backend=backend
+    )
     infos = [_inspect("dout", dout)]
     for name, x in (("dq", dq), ("dk", dk), ("dv", dv)):
         if x is not None:
@@ -76,7 +75,6 @@ def validate_backward(
         )
     if problem.lse_shape[2] > 1 and lse_info.strides[2] != 1:
         raise ValueError(f"lse: expected unit stride in the last dimension, got {_fmt(lse_info.strides)}")
-    others = [_inspect(name, x) for name, x in (("k", k), ("v", v), ("out", out))]
-    _check_devices(_inspect("q", q), [*others, *infos, lse_info])
+    _check_devices(forward_infos[0], [*forward_infos[1:], *infos, lse_info])
     return problem
 
