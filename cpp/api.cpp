@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include "build_config.h"
+#include "bwd_workspace.h"
 #include "flashcute/flashcute.h"
 #include "kernel_params.h"
 #include "kernel_registry.h"
@@ -36,6 +37,12 @@ BwdLauncher find_bwd_launcher(Backend backend, DType dtype, int headdim) {
   if (dtype == DType::dtype_enum && headdim == hd) return &ampere::bwd_##name##_hd##hd;
     FLASHCUTE_FOR_EACH_AMPERE_BWD(FLASHCUTE_MATCH_AMPERE_BWD)
 #undef FLASHCUTE_MATCH_AMPERE_BWD
+  }
+  if (backend == Backend::kHopper) {
+#define FLASHCUTE_MATCH_HOPPER_BWD(name, dtype_enum, hd) \
+  if (dtype == DType::dtype_enum && headdim == hd) return &hopper::bwd_##name##_hd##hd;
+    FLASHCUTE_FOR_EACH_HOPPER_BWD(FLASHCUTE_MATCH_HOPPER_BWD)
+#undef FLASHCUTE_MATCH_HOPPER_BWD
   }
   return nullptr;
 }
@@ -111,15 +118,10 @@ FwdKernelParams kernel_params(const AttentionForwardParams& p) {
   return k;
 }
 
-// Workspace of the backward: fp32 rowsum(dO∘O) per (batch, head), padded to whole 128-row
-// query blocks.
-constexpr int64_t kBwdRowPadding = 128;
-int64_t padded_seqlen_q(int64_t seqlen_q) {
-  return (seqlen_q + kBwdRowPadding - 1) / kBwdRowPadding * kBwdRowPadding;
-}
-size_t bwd_workspace_bytes(const AttentionBackwardParams& p) {
-  const int64_t rows = p.batch * p.nheads * padded_seqlen_q(p.seqlen_q);
-  return static_cast<size_t>(rows) * sizeof(float);
+// The backward's workspace for the path that runs it (bwd_workspace.h).
+BwdWorkspace workspace_layout(const AttentionBackwardParams& p, Backend resolved) {
+  return bwd_workspace(p.batch, p.nheads, p.nheads_kv, p.seqlen_q, p.seqlen_k, p.headdim,
+                       resolved == Backend::kHopper);
 }
 
 Status check_backward(const AttentionBackwardParams& p) {
@@ -150,7 +152,13 @@ Status check_backward(const AttentionBackwardParams& p) {
       return invalid("dout, q, k, v, out, dq, dk, dv: data pointers must be 16-byte aligned and "
                      "batch/row/head strides multiples of 8 elements");
   }
-  const size_t needed = bwd_workspace_bytes(p);
+  return Status{};
+}
+
+// The workspace, once the path that runs the call (and so its layout) is known.
+Status check_workspace(const AttentionBackwardParams& p, Backend resolved) {
+  if (p.batch == 0 || p.nheads == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) return Status{};
+  const size_t needed = workspace_layout(p, resolved).bytes;
   if (needed > 0 && (p.workspace == nullptr || reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0))
     return invalid("workspace: expected a 16-byte aligned device buffer");
   if (p.workspace_bytes < needed)
@@ -160,12 +168,18 @@ Status check_backward(const AttentionBackwardParams& p) {
   return Status{};
 }
 
-BwdKernelParams kernel_params(const AttentionBackwardParams& p) {
+BwdKernelParams kernel_params(const AttentionBackwardParams& p, Backend resolved) {
   BwdKernelParams k{};
   k.q = p.q, k.k = p.k, k.v = p.v, k.out = p.out, k.dout = p.dout, k.lse = p.lse;
   k.dq = p.dq, k.dk = p.dk, k.dv = p.dv;
-  k.seqlen_q_padded = static_cast<int>(padded_seqlen_q(p.seqlen_q));
-  k.row_dot = static_cast<float*>(p.workspace);
+  const BwdWorkspace workspace = workspace_layout(p, resolved);
+  char* base = static_cast<char*>(p.workspace);
+  k.seqlen_q_padded = static_cast<int>(workspace.rows_padded);
+  k.row_dot = reinterpret_cast<float*>(base + workspace.row_dot_offset);
+  if (resolved == Backend::kHopper) {
+    k.lse_log2 = reinterpret_cast<float*>(base + workspace.lse_log2_offset);
+    k.dq_accum = reinterpret_cast<float*>(base + workspace.dq_accum_offset);
+  }
   k.q_batch_stride = p.q_batch_stride, k.q_row_stride = p.q_row_stride, k.q_head_stride = p.q_head_stride;
   k.k_batch_stride = p.k_batch_stride, k.k_row_stride = p.k_row_stride, k.k_head_stride = p.k_head_stride;
   k.v_batch_stride = p.v_batch_stride, k.v_row_stride = p.v_row_stride, k.v_head_stride = p.v_head_stride;
@@ -241,19 +255,37 @@ Backend default_backend(int capability) {
 
 namespace {
 
-// The launcher for the request on this device: kAuto takes the device's default backend, or
-// the Ampere path where that has no kernel for (dtype, headdim).
+// The backend that runs the request on this device: kAuto takes the device's default backend,
+// or the Ampere path where that has no kernel for (dtype, headdim); a deterministic backward
+// takes the Ampere path (the Hopper path adds dQ with atomics).
 template <class Params, class Launcher>
-Status find_launcher(const Params& params, Backend backend,
-                     Launcher (*find)(Backend, DType, int), const char* pass, Launcher* launcher) {
+Status resolve_backend(const Params& params, Backend backend, Launcher (*find)(Backend, DType, int),
+                       int capability, Backend* resolved) {
+  constexpr bool kBackward = std::is_same_v<Params, AttentionBackwardParams>;
+  const int headdim = static_cast<int>(params.headdim);
+  bool deterministic = false;
+  if constexpr (kBackward) deterministic = params.deterministic;
+  if (backend == Backend::kAuto) {
+    backend = default_backend(capability);
+    if (backend == Backend::kHopper && (deterministic || find(backend, params.dtype, headdim) == nullptr))
+      backend = Backend::kAmpere;
+  }
+  if (backend == Backend::kHopper && deterministic)
+    return make_status(StatusCode::kNotSupported,
+                       "hopper path: its backward adds dQ with atomics and is not bitwise "
+                       "reproducible; deterministic=True runs on the ampere path");
+  *resolved = backend;
+  return Status{};
+}
+
+// The launcher for the request on this device (see resolve_backend).
+template <class Params, class Launcher>
+Status find_launcher(const Params& params, Backend backend, Launcher (*find)(Backend, DType, int),
+                     const char* pass, Launcher* launcher, Backend* resolved) {
   int capability = 0;
   if (Status s = device_capability(params.device, &capability); !s.ok()) return s;
   const int headdim = static_cast<int>(params.headdim);
-  if (backend == Backend::kAuto) {
-    backend = default_backend(capability);
-    if (backend == Backend::kHopper && find(backend, params.dtype, headdim) == nullptr)
-      backend = Backend::kAmpere;
-  }
+  if (Status s = resolve_backend(params, backend, find, capability, &backend); !s.ok()) return s;
   if (backend == Backend::kAmpere && capability < 80)
     return make_status(StatusCode::kNotSupported,
                        "the ampere path needs compute capability 8.0 or newer, the device has %d.%d",
@@ -264,11 +296,12 @@ Status find_launcher(const Params& params, Backend backend,
                        capability / 10, capability % 10);
 
   *launcher = find(backend, params.dtype, headdim);
+  *resolved = backend;
   if (*launcher == nullptr) {
-    const char* built = backend == Backend::kHopper ? FLASHCUTE_HOPPER_HEAD_DIMS : FLASHCUTE_AMPERE_HEAD_DIMS;
-    if (backend == Backend::kHopper && std::is_same_v<Launcher, BwdLauncher>)
-      return make_status(StatusCode::kNotSupported,
-                         "hopper path: no backward kernels in this version; use the ampere path");
+    const bool hopper = backend == Backend::kHopper;
+    const char* built = std::is_same_v<Launcher, BwdLauncher> && hopper ? FLASHCUTE_HOPPER_BWD_HEAD_DIMS
+                        : hopper                                       ? FLASHCUTE_HOPPER_HEAD_DIMS
+                                                                       : FLASHCUTE_AMPERE_HEAD_DIMS;
     return make_status(StatusCode::kNotSupported,
                        "%s path: no %s kernel for headdim %d and %s in this build (head dims "
                        "built: [%s])",
@@ -283,7 +316,8 @@ Status attention_forward(const AttentionForwardParams& params, Backend backend) 
   if (Status s = check_forward(params); !s.ok()) return s;
   if (params.batch == 0 || params.seqlen_q == 0 || params.nheads == 0) return Status{};
   FwdLauncher launch = nullptr;
-  if (Status s = find_launcher(params, backend, &find_fwd_launcher, "forward", &launch); !s.ok())
+  Backend resolved = backend;
+  if (Status s = find_launcher(params, backend, &find_fwd_launcher, "forward", &launch, &resolved); !s.ok())
     return s;
   DeviceGuard guard(params.device);
   if (!guard.status().ok()) return guard.status();
@@ -291,10 +325,20 @@ Status attention_forward(const AttentionForwardParams& params, Backend backend) 
 }
 
 Status attention_backward_workspace_size(const AttentionBackwardParams& params, size_t* bytes,
-                                         Backend /*backend: every path uses the same layout*/) {
+                                         Backend backend) {
   if (bytes == nullptr) return invalid("bytes must not be null");
   if (Status s = check_problem(params); !s.ok()) return s;
-  *bytes = bwd_workspace_bytes(params);
+  // kAuto follows the device; without a usable device, the larger of the two layouts.
+  int capability = 0;
+  Backend resolved = Backend::kHopper;
+  if (backend != Backend::kAuto || device_capability(params.device, &capability).ok()) {
+    if (Status s = resolve_backend(params, backend, &find_bwd_launcher, capability, &resolved); !s.ok())
+      return s;
+  }
+  const bool hopper_kernel =
+      find_bwd_launcher(Backend::kHopper, params.dtype, static_cast<int>(params.headdim)) != nullptr;
+  if (resolved == Backend::kHopper && !hopper_kernel) resolved = Backend::kAmpere;
+  *bytes = workspace_layout(params, resolved).bytes;
   return Status{};
 }
 
@@ -303,17 +347,19 @@ Status attention_backward(const AttentionBackwardParams& params, Backend backend
   if (params.batch == 0 || params.nheads == 0 || (params.seqlen_q == 0 && params.seqlen_k == 0))
     return Status{};
   BwdLauncher launch = nullptr;
-  if (Status s = find_launcher(params, backend, &find_bwd_launcher, "backward", &launch); !s.ok())
+  Backend resolved = backend;
+  if (Status s = find_launcher(params, backend, &find_bwd_launcher, "backward", &launch, &resolved); !s.ok())
     return s;
+  if (Status s = check_workspace(params, resolved); !s.ok()) return s;
   DeviceGuard guard(params.device);
   if (!guard.status().ok()) return guard.status();
-  return launch(kernel_params(params), params.stream);
+  return launch(kernel_params(params, resolved), params.stream);
 }
 
 BuildInfo build_info() {
   return BuildInfo{FLASHCUTE_VERSION,          FLASHCUTE_CUDA_ARCHS,       FLASHCUTE_AMPERE_HEAD_DIMS,
                    FLASHCUTE_AMPERE_DTYPES,    FLASHCUTE_HOPPER_HEAD_DIMS, FLASHCUTE_HOPPER_DTYPES,
-                   CUDART_VERSION};
+                   CUDART_VERSION,             FLASHCUTE_HOPPER_BWD_HEAD_DIMS};
 }
 
 }  // namespace flashcute

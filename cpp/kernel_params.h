@@ -28,7 +28,8 @@ struct FwdKernelParams {
 };
 
 // Backward: dQ, dK, dV from dO, the forward's inputs, its output and its LSE. The workspace
-// holds rowsum(dO∘O) (row_dot) per (batch, head), padded to seqlen_q_padded rows.
+// holds rowsum(dO∘O) (row_dot) per (batch, head), padded to seqlen_q_padded rows; the Hopper
+// path adds the LSE in log2 units and an fp32 dQ accumulator (see bwd_workspace.h).
 struct BwdKernelParams {
   const void* __restrict__ q;
   const void* __restrict__ k;
@@ -39,7 +40,9 @@ struct BwdKernelParams {
   void* __restrict__ dq;
   void* __restrict__ dk;
   void* __restrict__ dv;
-  float* __restrict__ row_dot;  // (batch, nheads, seqlen_q_padded)
+  float* __restrict__ row_dot;   // (batch, nheads, seqlen_q_padded)
+  float* __restrict__ lse_log2;  // like row_dot, or null; +inf on rows no key may reach
+  float* __restrict__ dq_accum;  // Hopper path only
 
   int64_t q_batch_stride, q_row_stride, q_head_stride;
   int64_t k_batch_stride, k_row_stride, k_head_stride;

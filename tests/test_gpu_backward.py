@@ -39,8 +39,15 @@ def _bwd_support() -> tuple[list[int], list[str]]:
 
 
 BWD_HEAD_DIMS, BWD_DTYPES = _bwd_support()
+# Head dims with a Hopper-path backward on this GPU (empty elsewhere): there the default
+# backward is the Hopper one and backend="ampere" tests the other.
+HOPPER_BWD_HEAD_DIMS = (
+    flashcute.build_info()["backends"]["hopper"]["backward_head_dims"] if "hopper" in SUPPORT else []
+)
 # The forward path the autograd route is tested with: the GPU's default and the Ampere path.
+# A forward on the Ampere path differentiates on the Ampere path too, so both backwards run.
 FWD_BACKENDS = [None] + (["ampere"] if "hopper" in SUPPORT else [])
+BWD_BACKENDS = [None] + (["ampere"] if HOPPER_BWD_HEAD_DIMS else [])
 
 
 def ref_grads(q, k, v, dout, *, causal, dtype, softmax_scale=None):
@@ -168,14 +175,16 @@ def forward_for_backward(q, k, v, *, causal, softmax_scale=None):
 @pytest.mark.parametrize("nheads, nheads_kv", [(8, 2), (6, 1)], ids=["gqa8to2", "mqa6to1"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("seqlen_q, seqlen_k", [(128, 333), (333, 128)], ids=["128x333", "333x128"])
+@pytest.mark.parametrize("bwd_backend", BWD_BACKENDS, ids=lambda b: f"bwd-{b or 'default'}")
 def test_grouped_query_into_poisoned_buffers(gen, headdim, dtype, nheads, nheads_kv, causal,
-                                             seqlen_q, seqlen_k):
+                                             seqlen_q, seqlen_k, bwd_backend):
     q, k, v = make_qkv(gen, 2, seqlen_q, seqlen_k, nheads, nheads_kv, headdim, dtype)
     dout = randn_like(gen, q)
     out, lse = forward_for_backward(q, k, v, causal=causal)
     bufs = [torch.full_like(x, math.nan) for x in (q, k, v)]
     result = flashcute.attention_backward(
-        dout, q, k, v, out, lse, causal=causal, dq=bufs[0], dk=bufs[1], dv=bufs[2]
+        dout, q, k, v, out, lse, causal=causal, dq=bufs[0], dk=bufs[1], dv=bufs[2],
+        backend=bwd_backend,
     )
     assert all(r is b for r, b in zip(result, bufs))
     check_grads(result, q, k, v, dout, causal=causal)
@@ -183,14 +192,15 @@ def test_grouped_query_into_poisoned_buffers(gen, headdim, dtype, nheads, nheads
 
 @pytest.mark.parametrize("headdim, dtype", _per_dim((64, 128, 256)))
 @pytest.mark.parametrize("layout", ["bhsd", "padded"])
-def test_strided_inputs_and_grads(gen, headdim, dtype, layout):
+@pytest.mark.parametrize("bwd_backend", BWD_BACKENDS, ids=lambda b: f"bwd-{b or 'default'}")
+def test_strided_inputs_and_grads(gen, headdim, dtype, layout, bwd_backend):
     q, k, v = make_qkv(gen, 2, 200, 300, 4, 2, headdim, dtype, layout=layout)
     dout = make_qkv(gen, 2, 200, 300, 4, 2, headdim, dtype, layout=layout)[0]
     out, lse = forward_for_backward(q, k, v, causal=True)
     bufs = [torch.full_like(x, math.nan) for x in make_qkv(gen, 2, 200, 300, 4, 2, headdim, dtype,
                                                            layout=layout)]
     grads = flashcute.attention_backward(dout, q, k, v, out, lse, causal=True,
-                                         dq=bufs[0], dk=bufs[1], dv=bufs[2])
+                                         dq=bufs[0], dk=bufs[1], dv=bufs[2], backend=bwd_backend)
     check_grads(grads, q, k, v, dout, causal=True)
 
 
@@ -245,18 +255,42 @@ def test_side_stream(gen):
 
 @pytest.mark.parametrize("headdim, dtype", _per_dim())
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("deterministic", [True, False], ids=["det", "default"])
-def test_bitwise_reproducible(gen, headdim, dtype, causal, deterministic):
-    """deterministic=True must hold; the Ampere path has no atomics, so the default does too."""
+@pytest.mark.parametrize("deterministic, bwd_backend", [(True, None), (False, "ampere")],
+                         ids=["det", "ampere"])
+def test_bitwise_reproducible(gen, headdim, dtype, causal, deterministic, bwd_backend):
+    """deterministic=True must hold on every head dim; the Ampere path has no atomics at all."""
     q, k, v = make_qkv(gen, 2, 777, 1000, 4, 2, headdim, dtype)
     dout = randn_like(gen, q)
     out, lse = forward_for_backward(q, k, v, causal=causal)
     runs = [flashcute.attention_backward(dout, q, k, v, out, lse, causal=causal,
-                                         deterministic=deterministic) for _ in range(3)]
+                                         deterministic=deterministic, backend=bwd_backend)
+            for _ in range(3)]
     for other in runs[1:]:
         for a, b in zip(runs[0], other):
             assert torch.equal(a.view(torch.int16), b.view(torch.int16))
     check_grads(runs[0], q, k, v, dout, causal=causal)
+
+
+@pytest.mark.skipif(not HOPPER_BWD_HEAD_DIMS, reason="no Hopper-path backward on this GPU")
+def test_hopper_backward_refuses_deterministic(gen):
+    q, k, v = make_qkv(gen, 1, 64, 64, 2, 2, HOPPER_BWD_HEAD_DIMS[0], "bfloat16")
+    out, lse = forward_for_backward(q, k, v, causal=False)
+    with pytest.raises(ValueError, match=r"^backend='hopper': .*deterministic=True"):
+        flashcute.attention_backward(q, q, k, v, out, lse, deterministic=True, backend="hopper")
+
+
+@pytest.mark.skipif(not HOPPER_BWD_HEAD_DIMS, reason="no Hopper-path backward on this GPU")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_hopper_dq_accumulator_in_chunks(gen, causal):
+    """72 (batch, kv head) pairs × 64 key blocks exceed one dq_accum chunk (4096 CTAs): the
+    launcher runs two chunks, each zeroing and converting its own heads."""
+    q, k, v = make_qkv(gen, 1, 100, 8192, 144, 72, 64, "bfloat16")
+    dout = randn_like(gen, q)
+    out, lse = forward_for_backward(q, k, v, causal=causal)
+    bufs = [torch.full_like(x, math.nan) for x in (q, k, v)]
+    grads = flashcute.attention_backward(dout, q, k, v, out, lse, causal=causal,
+                                         dq=bufs[0], dk=bufs[1], dv=bufs[2], backend="hopper")
+    check_grads(grads, q, k, v, dout, causal=causal)
 
 
 def test_deterministic_algorithms_flag_selects_deterministic_mode(gen):

@@ -258,8 +258,15 @@ def test_backward_needs_allocating_framework():
     bwd_raises(TypeError, r"^q: flashcute can allocate gradients", *args)
 
 
-def test_backward_hopper_has_no_kernels():
+def test_backward_hopper_refuses_deterministic():
     from flashcute._dispatch import choose_backward_backend
 
-    with pytest.raises(ValueError, match=r"^backend='hopper': the Hopper path has no backward"):
-        choose_backward_backend("hopper", 90, headdim=128, dtype="bfloat16")
+    with pytest.raises(ValueError, match=r"^backend='hopper': .*deterministic=True"):
+        choose_backward_backend("hopper", 90, headdim=128, dtype="bfloat16", deterministic=True)
+
+
+def test_backward_hopper_needs_sm90():
+    from flashcute._dispatch import choose_backward_backend
+
+    with pytest.raises(ValueError, match=r"^backend='hopper': requires an sm90 GPU, this is sm80"):
+        choose_backward_backend("hopper", 80, headdim=128, dtype="bfloat16")

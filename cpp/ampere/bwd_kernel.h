@@ -31,30 +31,6 @@
 
 namespace flashcute::ampere {
 
-// Query blocks a key block meets: [begin, end); those below masked_end need the mask.
-struct QueryBlockRange {
-  int begin, masked_end, end;
-};
-
-template <int kBlockM, int kBlockN>
-CUTE_DEVICE QueryBlockRange query_block_range(int n0, int seqlen_q, int seqlen_k, bool causal) {
-  const int diagonal_offset = seqlen_k - seqlen_q;
-  const int end = (seqlen_q + kBlockM - 1) / kBlockM;
-  // Causal: row i sees key j iff j <= i + diagonal_offset.
-  const int begin = causal ? cute::min(end, cute::max(0, n0 - diagonal_offset) / kBlockM) : 0;
-  int masked_end = begin;
-  if (n0 + kBlockN > seqlen_k) {
-    masked_end = end;  // the seqlen_k tail: every block masks the missing keys
-  } else if (causal) {
-    // A block needs the mask while its first row misses the block's last key.
-    const int first_unmasked_row = n0 + kBlockN - 1 - diagonal_offset;
-    if (first_unmasked_row > 0)
-      masked_end = cute::min(end, (first_unmasked_row + kBlockM - 1) / kBlockM);
-    masked_end = cute::max(masked_end, begin);
-  }
-  return QueryBlockRange{begin, masked_end, end};
-}
-
 template <class Traits>
 CUTE_DEVICE void bwd_block(const BwdKernelParams& params) {
   using namespace cute;

@@ -11,7 +11,7 @@
 #include "ampere/bwd_config.h"
 #include "ampere/bwd_dq_kernel.h"
 #include "ampere/bwd_kernel.h"
-#include "ampere/bwd_rowwise.h"
+#include "bwd_rowwise.h"
 #include "launch_status.h"
 
 namespace flashcute::ampere {

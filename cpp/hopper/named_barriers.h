@@ -1,6 +1,6 @@
-// Named barriers of the Hopper-path forward (id 0 is __syncthreads). The consumer warpgroups
-// take turns issuing WGMMAs: a warpgroup waits on its own barrier, issues, then arrives on the
-// next one's, so one warpgroup's GEMMs run while the other does its softmax.
+// Named barriers of the Hopper-path kernels (id 0 is __syncthreads). In the forward the
+// consumer warpgroups take turns issuing WGMMAs: a warpgroup waits on its own barrier, issues,
+// then arrives on the next one's, so one warpgroup's GEMMs run while the other does its softmax.
 #pragma once
 
 #include <cute/config.hpp>
@@ -10,6 +10,13 @@ namespace flashcute::hopper {
 enum class FwdBarrier : int {
   kMmaTurn0 = 1,       // kMmaTurn0 + c: consumer c may issue its next GEMMs
   kEpilogue0 = 1 + 4,  // kEpilogue0 + c: consumer c's 128 threads around its O tile
+};
+
+// Backward: both consumers' dS tiles are in shared memory (256 threads); one consumer's
+// threads around its own shared-memory buffers (128 threads each).
+enum class BwdBarrier : int {
+  kDsReady = 1,
+  kConsumer0 = 2,  // kConsumer0 + c
 };
 
 CUTE_DEVICE void named_barrier_sync(int id, int threads) {

@@ -10,9 +10,9 @@ namespace flashcute::hopper {
 // caller waits with cute::warpgroup_wait<N>(). A may be shared-memory descriptors or
 // registers (then fenced, so the compiler keeps them live until the wait).
 template <bool kZeroInit, class TiledMma, class FragA, class FragB, class FragC>
-CUTE_DEVICE void wgmma_issue(TiledMma& mma, FragA& a, FragB const& b, FragC& c) {
+CUTE_DEVICE void wgmma_issue(TiledMma& mma, FragA&& a, FragB const& b, FragC& c) {
   using namespace cute;
-  constexpr bool kARegisters = !is_same_v<typename FragA::value_type, GMMA::DescriptorIterator::value_type>;
+  constexpr bool kARegisters = !is_same_v<typename std::decay_t<FragA>::value_type, GMMA::DescriptorIterator::value_type>;
   if constexpr (kARegisters) warpgroup_fence_operand(a);
   warpgroup_fence_operand(c);
   warpgroup_arrive();

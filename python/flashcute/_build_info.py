@@ -49,6 +49,10 @@ def _cached_build_info() -> dict[str, Any]:
         "backends": {
             name: {
                 "head_dims": _head_dims(raw[f"{name}_head_dims"], f"{name}_head_dims"),
+                "backward_head_dims": _head_dims(
+                    raw.get(f"{name}_backward_head_dims", raw[f"{name}_head_dims"]),
+                    f"{name}_backward_head_dims",
+                ),
                 "dtypes": _split(raw[f"{name}_dtypes"]),
             }
             for name in BACKEND_NAMES
@@ -62,8 +66,9 @@ def build_info() -> dict[str, Any]:
     Returns:
         A new dict with keys ``"version"`` (str), ``"cuda_archs"`` (list of str such as
         ``["80", "90a"]``), ``"cuda_runtime_version"`` (int, the CUDART_VERSION built
-        against) and ``"backends"``: ``{"ampere": {"head_dims": [...], "dtypes": [...]},
-        "hopper": {...}}``. A backend that was not built has empty lists.
+        against) and ``"backends"``: ``{"ampere": {"head_dims": [...], "backward_head_dims": [...],
+        "dtypes": [...]}, "hopper": {...}}``. A backend that was not built has empty lists;
+        head dims without a backward kernel of a backend differentiate on the Ampere path.
 
     Raises:
         ImportError: the compiled extension is missing.
@@ -71,7 +76,8 @@ def build_info() -> dict[str, Any]:
     return copy.deepcopy(_cached_build_info())
 
 
-def backend_support(backend: str) -> tuple[list[int], list[str]]:
-    """(head dims, dtypes) compiled for ``backend`` ("ampere" or "hopper")."""
+def backend_support(backend: str, *, backward: bool = False) -> tuple[list[int], list[str]]:
+    """(head dims, dtypes) compiled for ``backend`` ("ampere" or "hopper"), of its forward
+    kernels or, with ``backward=True``, of its backward kernels."""
     info = _cached_build_info()["backends"][backend]
-    return info["head_dims"], info["dtypes"]
+    return info["backward_head_dims" if backward else "head_dims"], info["dtypes"]

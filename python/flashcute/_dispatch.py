@@ -13,14 +13,18 @@ def _sm(capability: int) -> str:
     return f"sm{capability}"
 
 
-def _compiled_for(backend: str, headdim: Optional[int], dtype: Optional[str]) -> Optional[str]:
+def _compiled_for(
+    backend: str, headdim: Optional[int], dtype: Optional[str], backward: bool = False
+) -> Optional[str]:
     """Why ``backend`` cannot run this head dim / dtype in this build, or None if it can."""
-    head_dims, dtypes = backend_support(backend)
+    head_dims, dtypes = backend_support(backend, backward=backward)
     if not head_dims or not dtypes:
-        return f"the {backend.capitalize()} path is not built in this version"
+        what = "backward " if backward else ""
+        return f"the {backend.capitalize()} path has no {what}kernels in this build"
     if headdim is not None and headdim not in head_dims:
         compiled = ", ".join(map(str, head_dims))
-        return f"head dim {headdim} is not compiled in this build (compiled: {compiled})"
+        what = "backward " if backward else ""
+        return f"head dim {headdim} has no {what}kernel in this build (compiled: {compiled})"
     if dtype is not None and dtype not in dtypes:
         return f"dtype {dtype} is not compiled in this build (compiled: {', '.join(dtypes)})"
     return None
@@ -87,20 +91,47 @@ def choose_backend(
 
 
 def choose_backward_backend(
-    requested: Optional[str], capability: int, *, headdim: int, dtype: str
+    requested: Optional[str],
+    capability: int,
+    *,
+    headdim: int,
+    dtype: str,
+    deterministic: bool = False,
 ) -> int:
-    """Like ``choose_backend``, for the backward pass: only the Ampere path has backward kernels
-    in this version, so None resolves to it on every GPU.
+    """Like ``choose_backend``, for the backward pass.
+
+    With ``requested=None``, an sm90 GPU runs the Hopper-path backward where this build has it
+    for the head dim and dtype; everything else, and every ``deterministic=True`` call, runs
+    the Ampere path (the Hopper path adds dQ with atomics, so it is not bitwise reproducible).
 
     Raises:
-        ValueError: backend="hopper", or an Ampere path that cannot run this head dim / dtype.
+        ValueError: a backend that cannot run this GPU, head dim or dtype, or
+            backend="hopper" with deterministic=True.
         RuntimeError: the GPU is older than sm80.
     """
+    ext = load_extension()
     if requested == "hopper":
-        raise ValueError(
-            "backend='hopper': the Hopper path has no backward kernels in this version; use "
-            "backend=None or 'ampere'"
+        if deterministic:
+            raise ValueError(
+                "backend='hopper': its backward adds dQ with atomics and is not bitwise "
+                "reproducible; deterministic=True runs on backend=None or 'ampere'"
+            )
+        reason = None if _runs_on("hopper", capability) else (
+            f"requires an sm90 GPU, this is {_sm(capability)}"
         )
+        if reason is None:
+            reason = _compiled_for("hopper", headdim, dtype, backward=True)
+        if reason is not None:
+            raise ValueError(f"backend='hopper': {reason}")
+        return ext.BACKEND_HOPPER
     if requested is None and capability < _MIN_CAPABILITY["ampere"]:
         return choose_backend(None, capability, headdim=headdim, dtype=dtype)  # raises
+    if (
+        requested is None
+        and not deterministic
+        and _runs_on("hopper", capability)
+        and str(ext.default_backend(capability)) == "hopper"
+        and _compiled_for("hopper", headdim, dtype, backward=True) is None
+    ):
+        return ext.BACKEND_HOPPER
     return choose_backend("ampere", capability, headdim=headdim, dtype=dtype)

@@ -90,8 +90,9 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tens
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.causal = causal
     ctx.softmax_scale = softmax_scale
-    # Only the Ampere path has backward kernels: a forward forced onto "hopper" differentiates
-    # with the default choice.
+    # A forward forced onto "hopper" differentiates with the default choice: the Hopper
+    # backward where this build has it for the head dim (and deterministic is off), else the
+    # Ampere one.
     ctx.backend = None if backend == "hopper" else backend
     ctx.mark_non_differentiable(lse)
 

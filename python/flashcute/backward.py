@@ -41,12 +41,15 @@ def attention_backward(
         dq, dk, dv: optional tensors to write the gradients into (q's, k's, v's shape and
             dtype); dk and dv have nheads_kv heads, each the sum over its query-head group.
         deterministic: ask for bitwise reproducible gradients. The Ampere path always gives
-            them (it uses no floating-point atomics), so the flag costs nothing there.
-        backend: None (choose by GPU) or "ampere"; the Hopper path has no backward kernels
-            in this version.
+            them (it uses no floating-point atomics); the Hopper path adds dQ with atomics, so
+            with ``backend=None`` this flag selects the Ampere path (slower on H100/H200).
+        backend: None (choose by GPU: the Hopper path on sm90 where this build has its
+            backward for the head dim, else the Ampere path), "ampere" or "hopper".
 
-    The workspace (fp32 per-row sums, 4 bytes per query row and head) is allocated by q's
-    framework, and the kernels run on its current stream, as in the forward.
+    The workspace is allocated by q's framework: fp32 per-row sums (8 bytes per query row and
+    head on the Hopper path, 4 on the Ampere path) plus, on the Hopper path, an fp32 dQ
+    accumulator covering a chunk of heads. The kernels run on q's current stream, as in the
+    forward.
 
     Returns:
         ``(dq, dk, dv)``: the given buffers, or new arrays of q's framework.
@@ -74,7 +77,8 @@ def attention_backward(
     ext = load_extension()
     capability = int(ext.device_capability(problem.device_id))
     backend_code = choose_backward_backend(
-        backend, capability, headdim=problem.headdim, dtype=problem.dtype
+        backend, capability, headdim=problem.headdim, dtype=problem.dtype,
+        deterministic=deterministic,
     )
     kv_shape = (problem.batch, problem.seqlen_k, problem.nheads_kv, problem.headdim)
     grads = [
@@ -83,7 +87,7 @@ def attention_backward(
     ]
     nbytes = int(ext.backward_workspace_size(
         problem.batch, problem.seqlen_q, problem.seqlen_k, problem.nheads, problem.nheads_kv,
-        problem.headdim, backend_code,
+        problem.headdim, problem.dtype, deterministic, backend_code,
     ))
     workspace = alloc.empty(q, (nbytes,), "uint8")
     if alloc.synchronize_after:

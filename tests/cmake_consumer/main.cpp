@@ -3,6 +3,7 @@
 // message, asks for the backward's workspace size, and queries device 0.
 // Exits 0 when the library behaves, 1 otherwise.
 #include <cstdio>
+#include <cstring>
 
 #include <flashcute/flashcute.h>
 
@@ -41,8 +42,9 @@ int main() {
   }
   std::printf("invalid call rejected: %s\n", status.message);
 
-  // The backward: 16 queries × 2 heads need 128 padded rows × 2 heads of fp32 row sums; a call
-  // without pointers is rejected.
+  // The backward: 16 queries × 2 heads need 128 padded rows × 2 heads of fp32 row sums on the
+  // Ampere path; the Hopper path adds lse_log2 rows and a 128 × 64 fp32 dQ accumulator per
+  // head. A call without pointers is rejected.
   flashcute::AttentionBackwardParams bwd;
   bwd.batch = 1;
   bwd.seqlen_q = 16;
@@ -51,10 +53,19 @@ int main() {
   bwd.nheads_kv = 2;
   bwd.headdim = 64;
   bwd.softmax_scale = 0.125f;
-  size_t workspace_bytes = 0;
-  const flashcute::Status sized = flashcute::attention_backward_workspace_size(bwd, &workspace_bytes);
-  if (!sized.ok() || workspace_bytes != 128 * 2 * sizeof(float)) {
-    std::printf("FAIL: workspace size %zu, status %d: '%s'\n", workspace_bytes,
+  const bool hopper_bwd = std::strstr(info.hopper_backward_head_dims, "64") != nullptr &&
+                          std::strstr(info.hopper_dtypes, "float16") != nullptr;
+  const size_t ampere_bytes = 128 * 2 * sizeof(float);
+  const size_t hopper_bytes = hopper_bwd ? 2 * ampere_bytes + 2 * 128 * 64 * sizeof(float) : ampere_bytes;
+  size_t workspace_bytes = 0, hopper_workspace_bytes = 0;
+  const flashcute::Status sized =
+      flashcute::attention_backward_workspace_size(bwd, &workspace_bytes, flashcute::Backend::kAmpere);
+  const flashcute::Status hopper_sized =
+      flashcute::attention_backward_workspace_size(bwd, &hopper_workspace_bytes, flashcute::Backend::kHopper);
+  if (!sized.ok() || workspace_bytes != ampere_bytes || !hopper_sized.ok() ||
+      hopper_workspace_bytes != hopper_bytes) {
+    std::printf("FAIL: workspace sizes %zu / %zu (expected %zu / %zu), status %d: '%s'\n",
+                workspace_bytes, hopper_workspace_bytes, ampere_bytes, hopper_bytes,
                 static_cast<int>(sized.code), sized.message);
     return 1;
   }

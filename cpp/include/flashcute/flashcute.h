@@ -106,14 +106,18 @@ struct AttentionBackwardParams {
   float softmax_scale = 0.f;
   bool causal = false;
   // Bitwise reproducible gradients. The Ampere path always is (it uses no floating-point
-  // atomics); the flag is part of the contract for paths that would otherwise use them.
+  // atomics); the Hopper path adds dQ with atomics, so with kAuto this flag picks the Ampere
+  // path and an explicit kHopper is refused.
   bool deterministic = false;
   DType dtype = DType::kFloat16;
   int device = -1;
   cudaStream_t stream = nullptr;
 };
 
-// Bytes of workspace attention_backward needs for these sizes (pointers are not read).
+// Bytes of workspace attention_backward needs for these sizes, dtype, `deterministic` and
+// backend (pointers are not read). The Hopper path needs more (an fp32 dQ accumulator, in
+// chunks of heads for long sequences). kAuto sizes for the path the device would run, or for
+// the larger one when no device can be queried.
 FLASHCUTE_API Status attention_backward_workspace_size(const AttentionBackwardParams& params,
                                                        size_t* bytes,
                                                        Backend backend = Backend::kAuto);
@@ -140,6 +144,7 @@ struct BuildInfo {
   const char* hopper_head_dims;
   const char* hopper_dtypes;
   int cuda_runtime_version;       // CUDART_VERSION the library was built against
+  const char* hopper_backward_head_dims;  // Hopper-path backward; other head dims use the Ampere one
 };
 FLASHCUTE_API BuildInfo build_info();
 

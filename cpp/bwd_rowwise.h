@@ -1,5 +1,7 @@
 // The backward's row-wise prepare pass (memory-bound): row_dot = rowsum(dO∘O) per (batch,
-// head, query row), the softmax term of dS = P∘(dP - row_dot); padding rows get 0.
+// head, query row), the softmax term of dS = P∘(dP - row_dot); padding rows get 0. Where the
+// kernel reads whole padded blocks of rows (Hopper path), it also writes the LSE in log2 units,
+// +inf on padding rows and rows that saw no key, so that P = exp2(S·scale_log2 - lse) is 0 there.
 // A group of kLanes threads owns one row, 8 elements (16 bytes of fp16/bf16) per thread.
 #pragma once
 
@@ -8,7 +10,7 @@
 
 #include "kernel_params.h"
 
-namespace flashcute::ampere {
+namespace flashcute {
 
 template <int kHeadDim>
 struct RowwiseShape {
@@ -48,6 +50,13 @@ __global__ void __launch_bounds__(RowwiseShape<kHeadDim>::kThreads)
 
   const int64_t bh_row = (int64_t(batch) * params.nheads + head) * params.seqlen_q_padded + row;
   if (lane == 0) params.row_dot[bh_row] = dot;
+  if (lane == 1 && params.lse_log2 != nullptr) {
+    constexpr float kLog2e = 1.4426950408889634f;
+    const float lse = row < params.seqlen_q
+                          ? params.lse[batch * params.lse_batch_stride + head * params.lse_head_stride + row]
+                          : -INFINITY;
+    params.lse_log2[bh_row] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+  }
 }
 
-}  // namespace flashcute::ampere
+}  // namespace flashcute

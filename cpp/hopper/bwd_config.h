@@ -1,0 +1,33 @@
+// Hopper-path backward tiles per head dim: Q/dO pipeline stages and how the two consumers
+// split dQ (1: by keys, 0: by head-dim columns). 128 keys per CTA, 64 query rows per block.
+// FLASHCUTE_HOPPER_BWD_TILES overrides them for tuning.
+#pragma once
+
+#include "hopper/bwd_traits.h"
+#include "hopper_bwd_tile_overrides.h"  // generated
+
+#ifndef FLASHCUTE_HOPPER_BWD_TILE_64
+#define FLASHCUTE_HOPPER_BWD_TILE_64 2, 1
+#endif
+#ifndef FLASHCUTE_HOPPER_BWD_TILE_96
+#define FLASHCUTE_HOPPER_BWD_TILE_96 2, 1
+#endif
+#ifndef FLASHCUTE_HOPPER_BWD_TILE_128
+#define FLASHCUTE_HOPPER_BWD_TILE_128 2, 0
+#endif
+
+namespace flashcute::hopper {
+
+template <int kHeadDim> struct BwdTileShape;
+template <int kStages, int kDqSplitKeys> struct BwdTileValues {
+  static constexpr int kStages_ = kStages;
+  static constexpr bool kDqSplitKeys_ = kDqSplitKeys != 0;
+};
+template <> struct BwdTileShape<64> : BwdTileValues<FLASHCUTE_HOPPER_BWD_TILE_64> {};
+template <> struct BwdTileShape<96> : BwdTileValues<FLASHCUTE_HOPPER_BWD_TILE_96> {};
+template <> struct BwdTileShape<128> : BwdTileValues<FLASHCUTE_HOPPER_BWD_TILE_128> {};
+
+template <class Element, int kHeadDim, class Shape = BwdTileShape<kHeadDim>>
+using BwdTraitsFor = BwdTraits<Element, kHeadDim, Shape::kStages_, Shape::kDqSplitKeys_>;
+
+}  // namespace flashcute::hopper

@@ -1,0 +1,221 @@
+// Consumer warpgroups of the Hopper-path backward: per query block, the five GEMMs of
+// bwd_traits.h around P and dS in registers, the dQ partial added to global memory from shared
+// memory, and at the end dK (scaled) and dV through shared memory to TMA stores.
+//
+// Order inside a block: Sᵀ and dPᵀ are issued together; P is computed as soon as Sᵀ is back,
+// dV += Pᵀ·dO issued while dPᵀ may still run; then dS, dK += dSᵀ·Q, dS to shared memory, and
+// dQ = dS·K. The Q and dO stages are released once every GEMM reading them has completed.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+
+#include "fragment_views.h"
+#include "hopper/bwd_params.h"
+#include "hopper/named_barriers.h"
+#include "hopper/wgmma.h"
+#include "mask.h"
+#include "online_softmax.h"  // fast_exp2
+
+namespace flashcute::hopper {
+
+// Adds `bytes` of fp32 from shared memory into global memory (bulk async copy with .add; one
+// bulk group per call, completed with tma_store_arrive / tma_store_wait).
+CUTE_DEVICE void bulk_reduce_add_f32(float* gmem, const float* smem, int bytes) {
+  const uint32_t smem_addr = cute::cast_smem_ptr_to_uint(smem);
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+               :
+               : "l"(gmem), "r"(smem_addr), "r"(bytes)
+               : "memory");
+}
+
+template <class Traits>
+CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::SharedStorage& storage,
+                             typename Traits::PipelineQ& pipeline_q, typename Traits::PipelineQ& pipeline_do,
+                             int consumer, int n_block, int kv_head, int batch) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kDqElems = Traits::kDqElems;
+  const BwdKernelParams& args = params.args;
+  const int tid = threadIdx.x % 128;
+
+  typename Traits::TiledMmaSdP mma_sdp;
+  typename Traits::TiledMmaDkv mma_dkv;
+  typename Traits::TiledMmaDq mma_dq;
+  auto thr_sdp = mma_sdp.get_thread_slice(tid);
+  auto thr_dkv = mma_dkv.get_thread_slice(tid);
+  auto thr_dq = mma_dq.get_thread_slice(tid);
+
+  Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(storage.dout.data()), typename Traits::SmemLayoutQ{});
+  Tensor sQt = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQt{});
+  Tensor sdOt = make_tensor(make_smem_ptr(storage.dout.data()), typename Traits::SmemLayoutQt{});
+  Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});
+  Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});
+  Tensor sKt = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKt{});
+  Tensor sdS = make_tensor(make_smem_ptr(storage.ds.data()), typename Traits::SmemLayoutDs{});
+  Tensor sdSt = make_tensor(make_smem_ptr(storage.ds.data()), typename Traits::SmemLayoutDst{});
+
+  // Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ: this consumer's 64 keys against the block's query rows.
+  Tensor tSrK = thr_sdp.partition_fragment_A(sK(_, _, consumer));
+  Tensor tSrV = thr_sdp.partition_fragment_A(sV(_, _, consumer));
+  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);    // (MMA, N, K, stage)
+  Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
+  // dV += Pᵀ·dO, dK += dSᵀ·Q.
+  Tensor tDrdO = thr_dkv.partition_fragment_B(sdOt);  // (MMA, N, K, stage)
+  Tensor tDrQ = thr_dkv.partition_fragment_B(sQt);
+  // dQ = dS·K over key chunks: this consumer's columns of K, as (cols, keys, consumer).
+  Tensor sKt_cols = local_tile(sKt, Shape<Int<Traits::kDqCols>, Int<Traits::kKeysPerConsumer>, Int<Traits::kConsumers>>{},
+                              make_coord(Traits::kDqSplitKeys ? 0 : consumer, 0, 0));
+  Tensor tQrdS = thr_dq.partition_fragment_A(sdS);      // (MMA, M, K, consumer, buffer)
+  Tensor tQrK = thr_dq.partition_fragment_B(sKt_cols);  // (MMA, N, K, consumer)
+
+  Tensor acc_dk = partition_fragment_C(mma_dkv, typename Traits::TileKV{});
+  Tensor acc_dv = partition_fragment_C(mma_dkv, typename Traits::TileKV{});
+  clear(acc_dk);
+  clear(acc_dv);
+  using AccS = decltype(partition_fragment_C(mma_sdp, typename Traits::TileSt{}));
+  // Pᵀ and dSᵀ in Element precision, laid out as A operands of the dV and dK GEMMs.
+  Tensor p_regs = make_tensor<Element>(make_layout(shape(AccS{})));
+  Tensor ds_regs = make_tensor<Element>(make_layout(shape(AccS{})));
+  Tensor tDrP = make_tensor(p_regs.data(), acc_to_a_operand_layout(p_regs.layout()));
+  Tensor tDrdS = make_tensor(ds_regs.data(), acc_to_a_operand_layout(ds_regs.layout()));
+
+  // dSᵀ registers -> shared memory (stmatrix onto the key-major view of the dS buffer).
+  auto ds_copy = make_tiled_copy_C(typename Traits::SmemCopyAtomStore{}, mma_sdp);
+  auto ds_thr_copy = ds_copy.get_thread_slice(tid);
+  Tensor tDSsdS = ds_thr_copy.partition_D(sdSt);  // (CPY, M, N, consumer, buffer)
+  Tensor tDSrdS = ds_thr_copy.retile_S(ds_regs);
+
+  // Score coordinates: rows are keys, columns query rows (see mask.h).
+  Tensor cS = make_identity_tensor(typename Traits::TileSt{});
+  Tensor tScS0 = mma_sdp.get_thread_slice(0).partition_C(cS);
+  Tensor offsets_rc = make_tensor(tScS0.data(), rowcol_layout(tScS0.layout()));
+  constexpr int kCols = decltype(size<1>(offsets_rc))::value;
+  const int thread_key = get<0>(thr_sdp.partition_C(cS)(0));
+  const int thread_col = get<1>(thr_sdp.partition_C(cS)(0));
+  const BlockMask mask{args.seqlen_k, args.seqlen_k - args.seqlen_q, args.causal};
+  const int key0 = n_block * Traits::kBlockN + consumer * Traits::kKeysPerConsumer;
+  const QueryBlockRange range = query_block_range<kBlockM, Traits::kBlockN>(
+      n_block * Traits::kBlockN, args.seqlen_q, args.seqlen_k, args.causal);
+
+  float* dq_smem = storage.dq.data() + consumer * kDqElems;
+  const int dq_region = Traits::kDqSplitKeys ? 0 : consumer;
+  const int pair_slot0 = (batch * args.nheads_kv + kv_head - params.pair_begin) * args.heads_per_kv;
+  const int consumer_barrier = int(BwdBarrier::kConsumer0) + consumer;
+
+  cutlass::PipelineState<Traits::kStages> q_state, do_state;
+  storage.kv_full.wait(0);
+  int buffer = 0;
+  for (int g = 0; g < args.heads_per_kv; ++g) {
+    float* dq_accum_head = args.dq_accum + int64_t(pair_slot0 + g) * args.seqlen_q_padded * kHeadDim;
+    for (int m = range.begin; m < range.end; ++m) {
+      const int q_stage = q_state.index();
+      const int do_stage = do_state.index();
+      AccS acc_s, acc_dp;
+      pipeline_q.consumer_wait(q_state);
+      wgmma_issue<true>(mma_sdp, tSrK, tSrQ(_, _, _, q_stage), acc_s);
+      pipeline_do.consumer_wait(do_state);
+      wgmma_issue<true>(mma_sdp, tSrV, tSrdO(_, _, _, do_stage), acc_dp);
+
+      // Per column (query row): lse in log2 units and rowsum(dO∘O), from the stages.
+      float lse_log2[kCols], row_dot[kCols];
+      CUTE_UNROLL
+      for (int c = 0; c < kCols; ++c) {
+        const int col = thread_col + get<1>(offsets_rc(0, c));
+        lse_log2[c] = storage.lse_log2[q_stage * kBlockM + col];
+        row_dot[c] = storage.row_dot[do_stage * kBlockM + col];
+      }
+
+      warpgroup_wait<1>();  // Sᵀ
+      Tensor s_rc = rowcol_view(acc_s);
+      if (m < range.masked_end)  // warp-uniform: the bulk skips the mask
+        apply_mask_transposed(mask, s_rc, offsets_rc, key0 + thread_key, m * kBlockM + thread_col);
+      CUTE_UNROLL
+      for (int r = 0; r < size<0>(s_rc); ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; ++c) s_rc(r, c) = fast_exp2(fmaf(s_rc(r, c), args.scale_log2, -lse_log2[c]));
+      }
+      convert_fragment_into(acc_s, p_regs);
+      wgmma_issue<false>(mma_dkv, tDrP, tDrdO(_, _, _, do_stage), acc_dv);
+
+      warpgroup_wait<1>();  // dPᵀ (dV may still run)
+      Tensor dp_rc = rowcol_view(acc_dp);
+      CUTE_UNROLL
+      for (int r = 0; r < size<0>(dp_rc); ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; ++c) dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - row_dot[c]);
+      }
+      convert_fragment_into(acc_dp, ds_regs);
+      wgmma_issue<false>(mma_dkv, tDrdS, tDrQ(_, _, _, q_stage), acc_dk);
+
+      // dS to shared memory for dQ; with a head-dim split dQ needs both consumers' dS.
+      copy(ds_copy, tDSrdS, tDSsdS(_, _, _, consumer, buffer));
+      cutlass::arch::fence_view_async_shared();  // generic-proxy writes visible to WGMMA
+      if constexpr (Traits::kDqSplitKeys) named_barrier_sync(consumer_barrier, 128);
+      else named_barrier_sync(int(BwdBarrier::kDsReady), 128 * Traits::kConsumers);
+      Tensor acc_dq = partition_fragment_C(mma_dq, typename Traits::TileDq{});
+      if constexpr (Traits::kDqSplitKeys) {
+        wgmma_issue<true>(mma_dq, tQrdS(_, _, _, consumer, buffer), tQrK(_, _, _, consumer), acc_dq);
+      } else {
+        CUTE_UNROLL
+        for (int c = 0; c < Traits::kConsumers; ++c) {
+          if (c == 0) wgmma_issue<true>(mma_dq, tQrdS(_, _, _, c, buffer), tQrK(_, _, _, c), acc_dq);
+          else wgmma_issue<false>(mma_dq, tQrdS(_, _, _, c, buffer), tQrK(_, _, _, c), acc_dq);
+        }
+      }
+      warpgroup_wait<0>();
+      pipeline_q.consumer_release(q_state);
+      pipeline_do.consumer_release(do_state);
+      ++q_state;
+      ++do_state;
+      buffer ^= 1;
+
+      // dQ partial -> shared memory, in register order (conflict-free), then one bulk
+      // reduce-add into this block's slice of dq_accum (bwd_convert.h undoes the order). The
+      // previous block's reduce-add was issued a whole block ago: its wait is free.
+      if (tid == 0) tma_store_wait<0>();
+      named_barrier_sync(consumer_barrier, 128);
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dq); ++i) dq_smem[i * 128 + tid] = acc_dq(i);
+      cutlass::arch::fence_view_async_shared();  // visible to the bulk copy
+      named_barrier_sync(consumer_barrier, 128);
+      if (tid == 0) {
+        float* dst = dq_accum_head + int64_t(m) * kBlockM * kHeadDim + dq_region * kDqElems;
+        bulk_reduce_add_f32(dst, dq_smem, kDqElems * sizeof(float));
+        tma_store_arrive();
+      }
+    }
+  }
+
+  // Epilogue: dK (scaled) and dV into this consumer's K and V tiles, then TMA stores (clipped
+  // at seqlen_k). Every consumer's dQ GEMMs read all of K: wait for both first.
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= args.softmax_scale;
+  Tensor dk = convert_fragment<Element>(acc_dk);
+  Tensor dv = convert_fragment<Element>(acc_dv);
+  named_barrier_sync(int(BwdBarrier::kDsReady), 128 * Traits::kConsumers);
+  auto dkv_copy = make_tiled_copy_C(typename Traits::SmemCopyAtomStore{}, mma_dkv);
+  auto dkv_thr_copy = dkv_copy.get_thread_slice(tid);
+  copy(dkv_copy, dkv_thr_copy.retile_S(dk), dkv_thr_copy.partition_D(sK(_, _, consumer)));
+  copy(dkv_copy, dkv_thr_copy.retile_S(dv), dkv_thr_copy.partition_D(sV(_, _, consumer)));
+  cutlass::arch::fence_view_async_shared();
+  named_barrier_sync(consumer_barrier, 128);
+  if (tid == 0) {
+    Tensor mdK = params.tma_dk.get_tma_tensor(make_shape(args.seqlen_k, kHeadDim, args.nheads_kv, args.batch));
+    Tensor mdV = params.tma_dv.get_tma_tensor(make_shape(args.seqlen_k, kHeadDim, args.nheads_kv, args.batch));
+    const auto tile = make_coord(n_block * Traits::kConsumers + consumer, _0{});
+    Tensor gdK = local_tile(mdK(_, _, kv_head, batch), typename Traits::TileKV{}, tile);
+    Tensor gdV = local_tile(mdV(_, _, kv_head, batch), typename Traits::TileKV{}, tile);
+    auto tma_dk = params.tma_dk.get_slice(_0{});
+    auto tma_dv = params.tma_dv.get_slice(_0{});
+    copy(params.tma_dk, tma_dk.partition_S(sK(_, _, consumer)), tma_dk.partition_D(gdK));
+    copy(params.tma_dv, tma_dv.partition_S(sV(_, _, consumer)), tma_dv.partition_D(gdV));
+    tma_store_arrive();
+    tma_store_wait<0>();  // shared memory must outlive every bulk read of it
+  }
+}
+
+}  // namespace flashcute::hopper

@@ -1,0 +1,129 @@
+// Host-side launch of the Hopper-path backward for one (dtype, head dim), all on the caller's
+// stream: the row-wise prepare pass (row_dot, lse_log2), then per chunk of (batch, kv head)
+// pairs (bwd_workspace.h): zero dq_accum, the dK/dV kernel, the dQ conversion.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+
+#include <cuda_runtime_api.h>
+
+#include "bwd_rowwise.h"
+#include "bwd_workspace.h"
+#include "hopper/bwd_config.h"
+#include "hopper/bwd_convert.h"
+#include "hopper/bwd_kernel.h"
+#include "hopper/fwd_launch.h"  // tma_view
+#include "launch_status.h"
+
+namespace flashcute::hopper {
+
+template <class Element, int kHeadDim>
+Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
+  using Traits = BwdTraitsFor<Element, kHeadDim>;
+  static_assert(Traits::kBlockN == kHopperBwdBlockN && kBwdRowPadding % Traits::kBlockM == 0);
+  auto kernel = &bwd_kernel<Traits>;
+  constexpr int kSmem = Traits::kSmemBytes;
+  int device = 0;
+  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return cuda_status(err, "cudaGetDevice");
+
+  constexpr int64_t kMaxStrideElems = (int64_t(1) << 40) / int64_t(sizeof(Element));
+  for (int64_t stride : {p.q_row_stride, p.q_head_stride, p.q_batch_stride, p.k_row_stride, p.k_head_stride,
+                         p.k_batch_stride, p.v_row_stride, p.v_head_stride, p.v_batch_stride,
+                         p.dout_row_stride, p.dout_head_stride, p.dout_batch_stride, p.dk_row_stride,
+                         p.dk_head_stride, p.dk_batch_stride, p.dv_row_stride, p.dv_head_stride,
+                         p.dv_batch_stride}) {
+    if (stride < 0 || stride >= kMaxStrideElems)
+      return make_status(StatusCode::kNotSupported,
+                         "hopper path backward: strides must be non-negative and below 2^40 bytes for "
+                         "TMA (got %lld elements); use backend='ampere'", static_cast<long long>(stride));
+  }
+
+  // Per device, once: the kernel's shared-memory limit raised.
+  constexpr int kCachedDevices = 64;
+  static std::array<std::atomic<bool>, kCachedDevices> prepared{};
+  if (device >= kCachedDevices || !prepared[device].load(std::memory_order_acquire)) {
+    int smem_optin = 0;
+    cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (kSmem > smem_optin)
+      return make_status(StatusCode::kNotSupported,
+                         "hopper path backward, headdim %d: needs %d bytes of shared memory per block, "
+                         "the device allows %d", kHeadDim, kSmem, smem_optin);
+    if (cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+        err != cudaSuccess)
+      return cuda_status(err, "cudaFuncSetAttribute (no sm90a kernel image for this GPU?)");
+    if (device < kCachedDevices) prepared[device].store(true, std::memory_order_release);
+  }
+
+  const BwdWorkspace workspace = bwd_workspace(p.batch, p.nheads, p.nheads_kv, p.seqlen_q, p.seqlen_k,
+                                               kHeadDim, /*hopper=*/true);
+  if (p.seqlen_q > 0) {
+    using Rows = RowwiseShape<kHeadDim>;
+    const dim3 rows_grid((p.seqlen_q_padded + Rows::kRowsPerBlock - 1) / Rows::kRowsPerBlock, p.nheads, p.batch);
+    bwd_prepare_kernel<Element, kHeadDim><<<rows_grid, Rows::kThreads, 0, stream>>>(p);
+  }
+
+  using namespace cute;
+  BwdParams<Traits> kp{};
+  kp.args = p;
+  // No queries: the Q/dO descriptors still need a valid shape; no Q tile is ever loaded then.
+  const bool no_queries = p.seqlen_q == 0;
+  kp.tma_seqlen_q = no_queries ? 1 : p.seqlen_q;
+  const auto* q = static_cast<const Element*>(no_queries ? p.k : p.q);
+  const auto* dout = static_cast<const Element*>(no_queries ? p.k : p.dout);
+  const int64_t q_strides[3] = {no_queries ? p.k_row_stride : p.q_row_stride,
+                                no_queries ? p.k_head_stride : p.q_head_stride,
+                                no_queries ? p.k_batch_stride : p.q_batch_stride};
+  const int64_t do_strides[3] = {no_queries ? p.k_row_stride : p.dout_row_stride,
+                                 no_queries ? p.k_head_stride : p.dout_head_stride,
+                                 no_queries ? p.k_batch_stride : p.dout_batch_stride};
+  const int q_heads = no_queries ? p.nheads_kv : p.nheads;
+  auto slayout_q = typename Traits::SmemLayoutQ{}(_, _, _0{});
+  auto slayout_kv = typename Traits::SmemLayoutKV{}(_, _, _0{});
+  if (p.seqlen_k > 0) {
+    kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, tma_view(q, kp.tma_seqlen_q, kHeadDim, q_heads, p.batch, q_strides[0],
+                                                       q_strides[1], q_strides[2]),
+                             slayout_q, typename Traits::TileQ{}, _1{});
+    kp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, tma_view(dout, kp.tma_seqlen_q, kHeadDim, q_heads, p.batch,
+                                                        do_strides[0], do_strides[1], do_strides[2]),
+                              slayout_q, typename Traits::TileQ{}, _1{});
+    kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, tma_view(static_cast<const Element*>(p.k), p.seqlen_k, kHeadDim,
+                                                       p.nheads_kv, p.batch, p.k_row_stride, p.k_head_stride,
+                                                       p.k_batch_stride),
+                             slayout_kv, typename Traits::TileKV{}, _1{});
+    kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, tma_view(static_cast<const Element*>(p.v), p.seqlen_k, kHeadDim,
+                                                       p.nheads_kv, p.batch, p.v_row_stride, p.v_head_stride,
+                                                       p.v_batch_stride),
+                             slayout_kv, typename Traits::TileKV{}, _1{});
+    kp.tma_dk = make_tma_copy(SM90_TMA_STORE{}, tma_view(static_cast<Element*>(p.dk), p.seqlen_k, kHeadDim,
+                                                         p.nheads_kv, p.batch, p.dk_row_stride, p.dk_head_stride,
+                                                         p.dk_batch_stride),
+                              slayout_kv, typename Traits::TileKV{}, _1{});
+    kp.tma_dv = make_tma_copy(SM90_TMA_STORE{}, tma_view(static_cast<Element*>(p.dv), p.seqlen_k, kHeadDim,
+                                                         p.nheads_kv, p.batch, p.dv_row_stride, p.dv_head_stride,
+                                                         p.dv_batch_stride),
+                              slayout_kv, typename Traits::TileKV{}, _1{});
+  }
+
+  const int pairs = p.batch * p.nheads_kv;
+  const int chunk = static_cast<int>(workspace.chunk_pairs);
+  const int key_blocks = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
+  const int query_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+  for (int pair_begin = 0; pair_begin < pairs; pair_begin += chunk) {
+    const int count = std::min(chunk, pairs - pair_begin);
+    if (p.seqlen_q > 0) {
+      const size_t accum_bytes = size_t(count) * p.heads_per_kv * p.seqlen_q_padded * kHeadDim * sizeof(float);
+      if (cudaError_t err = cudaMemsetAsync(p.dq_accum, 0, accum_bytes, stream); err != cudaSuccess)
+        return cuda_status(err, "cudaMemsetAsync (dq_accum)");
+    }
+    kp.pair_begin = pair_begin;
+    if (p.seqlen_k > 0) kernel<<<dim3(key_blocks, count), Traits::kThreads, kSmem, stream>>>(kp);
+    if (p.seqlen_q > 0)
+      bwd_convert_dq_kernel<Traits><<<dim3(query_blocks, count * p.heads_per_kv), 128 * Traits::kDqRegions, 0,
+                                      stream>>>(p, pair_begin);
+  }
+  return cuda_status(cudaGetLastError(), "hopper backward launch");
+}
+
+}  // namespace flashcute::hopper

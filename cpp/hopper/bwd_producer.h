@@ -1,0 +1,82 @@
+// Producer warp of the Hopper-path backward: one thread issues every load of a CTA.
+//
+// K and V of the CTA's key block once (one transaction barrier), then per (head of the GQA
+// group, query block) a Q stage and a dO stage, each a TMA tile plus a bulk copy of the
+// block's 64 lse_log2 (or row_dot) values from the padded workspace onto the same barrier.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/arch/copy_sm90_tma.hpp>
+
+#include "hopper/bwd_params.h"
+#include "mask.h"
+
+namespace flashcute::hopper {
+
+template <class Traits>
+CUTE_DEVICE void produce_bwd(BwdParams<Traits> const& params, typename Traits::SharedStorage& storage,
+                             typename Traits::PipelineQ& pipeline_q, typename Traits::PipelineQ& pipeline_do,
+                             int n_block, int kv_head, int batch) {
+  using namespace cute;
+  using PipelineQ = typename Traits::PipelineQ;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  const BwdKernelParams& args = params.args;
+
+  Tensor mQ = params.tma_q.get_tma_tensor(make_shape(params.tma_seqlen_q, kHeadDim, args.nheads, args.batch));
+  Tensor mdO = params.tma_do.get_tma_tensor(make_shape(params.tma_seqlen_q, kHeadDim, args.nheads, args.batch));
+  Tensor mK = params.tma_k.get_tma_tensor(make_shape(args.seqlen_k, kHeadDim, args.nheads_kv, args.batch));
+  Tensor mV = params.tma_v.get_tma_tensor(make_shape(args.seqlen_k, kHeadDim, args.nheads_kv, args.batch));
+  Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(storage.dout.data()), typename Traits::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});
+  Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});
+  auto tma_q = params.tma_q.get_slice(_0{});
+  auto tma_do = params.tma_do.get_slice(_0{});
+  auto tma_k = params.tma_k.get_slice(_0{});
+  auto tma_v = params.tma_v.get_slice(_0{});
+
+  // K and V: one 64-key tile per consumer.
+  {
+    Tensor tKgK = tma_k.partition_S(local_tile(mK(_, _, kv_head, batch), typename Traits::TileKV{}, make_coord(_, _0{})));
+    Tensor tVgV = tma_v.partition_S(local_tile(mV(_, _, kv_head, batch), typename Traits::TileKV{}, make_coord(_, _0{})));
+    Tensor tKsK = tma_k.partition_D(sK);
+    Tensor tVsV = tma_v.partition_D(sV);
+    storage.kv_full.arrive_and_expect_tx(Traits::kKVBytes);
+    auto& barrier = reinterpret_cast<uint64_t&>(storage.kv_full);
+    CUTE_UNROLL
+    for (int c = 0; c < Traits::kConsumers; ++c) {
+      copy(params.tma_k.with(barrier), tKgK(_, _, _, n_block * Traits::kConsumers + c), tKsK(_, _, _, c));
+      copy(params.tma_v.with(barrier), tVgV(_, _, _, n_block * Traits::kConsumers + c), tVsV(_, _, _, c));
+    }
+  }
+
+  Tensor tQsQ = tma_q.partition_D(sQ);     // (TMA, ..., stage)
+  Tensor tdOsdO = tma_do.partition_D(sdO);
+  const QueryBlockRange range = query_block_range<kBlockM, Traits::kBlockN>(
+      n_block * Traits::kBlockN, args.seqlen_q, args.seqlen_k, args.causal);
+  auto q_state = cutlass::make_producer_start_state<PipelineQ>();
+  auto do_state = cutlass::make_producer_start_state<PipelineQ>();
+  for (int h = kv_head * args.heads_per_kv; h < (kv_head + 1) * args.heads_per_kv; ++h) {
+    Tensor tQgQ = tma_q.partition_S(local_tile(mQ(_, _, h, batch), typename Traits::TileQ{}, make_coord(_, _0{})));
+    Tensor tdOgdO = tma_do.partition_S(local_tile(mdO(_, _, h, batch), typename Traits::TileQ{}, make_coord(_, _0{})));
+    const int64_t rows = (int64_t(batch) * args.nheads + h) * args.seqlen_q_padded;
+    for (int m = range.begin; m < range.end; ++m) {
+      pipeline_q.producer_acquire(q_state);
+      uint64_t* q_barrier = pipeline_q.producer_get_barrier(q_state);
+      copy(params.tma_q.with(*q_barrier), tQgQ(_, _, _, m), tQsQ(_, _, _, q_state.index()));
+      SM90_BULK_COPY_G2S::copy(args.lse_log2 + rows + m * kBlockM, q_barrier,
+                               storage.lse_log2.data() + q_state.index() * kBlockM, kBlockM * sizeof(float));
+      ++q_state;
+
+      pipeline_do.producer_acquire(do_state);
+      uint64_t* do_barrier = pipeline_do.producer_get_barrier(do_state);
+      copy(params.tma_do.with(*do_barrier), tdOgdO(_, _, _, m), tdOsdO(_, _, _, do_state.index()));
+      SM90_BULK_COPY_G2S::copy(args.row_dot + rows + m * kBlockM, do_barrier,
+                               storage.row_dot.data() + do_state.index() * kBlockM, kBlockM * sizeof(float));
+      ++do_state;
+    }
+  }
+}
+
+}  // namespace flashcute::hopper

@@ -1,0 +1,126 @@
+// Tile shapes, shared-memory layouts, MMAs and TMA types of the Hopper-path backward.
+//
+// A CTA owns kBlockN = 128 keys of one (batch, kv head): one producer warpgroup (TMA loads)
+// and two consumer warpgroups, each owning 64 of the keys, with their dK and dV in registers.
+// Per query block of kBlockM rows the consumers compute, key-major (Sᵀ rather than S, so that
+// Pᵀ and dSᵀ are already the register A operands of the dV and dK GEMMs):
+//   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ            WGMMA, both operands in shared memory
+//   dV += Pᵀ·dO, dK += dSᵀ·Q          WGMMA, A from registers, B read MN-major
+//   dQ(partial) = dS·K                WGMMA, dSᵀ staged through shared memory
+// and add the dQ partial into an fp32 buffer in global memory with a bulk reduce-add.
+//
+// dQ is split between the consumers either by head-dim columns (each multiplies the whole dS
+// by half of K's columns: both consumers' dS must be in shared memory first) or by keys (each
+// multiplies its own dS by its own K rows into a full-width partial: no wait on the other
+// consumer, twice the reduce traffic). kDqSplitKeys picks.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/atom/copy_traits_sm90_tma.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cutlass/gemm/collective/builders/sm90_common.inl>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+namespace flashcute::hopper {
+
+using namespace cute;
+
+template <class Element_, int kHeadDim_, int kStages_, bool kDqSplitKeys_>
+struct BwdTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kStages = kStages_;        // Q (and dO) pipeline stages
+  static constexpr bool kDqSplitKeys = kDqSplitKeys_;
+  static constexpr int kConsumers = 2;
+  static constexpr int kKeysPerConsumer = 64;     // one WGMMA M extent
+  static constexpr int kBlockN = kKeysPerConsumer * kConsumers;
+  static constexpr int kBlockM = 64;              // query rows per block
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+
+  // dQ of one query block as a consumer computes it: all kBlockM rows, kDqCols columns.
+  static constexpr int kDqCols = kDqSplitKeys ? kHeadDim : kHeadDim / kConsumers;
+  static constexpr int kDqRegions = kDqSplitKeys ? 1 : kConsumers;  // distinct column ranges
+  static constexpr int kDqElems = kBlockM * kDqCols;  // one consumer's partial, fp32
+
+  using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
+  using TileKV = Shape<Int<kKeysPerConsumer>, Int<kHeadDim>>;  // one consumer's keys
+  using TileSt = Shape<Int<kKeysPerConsumer>, Int<kBlockM>>;   // Sᵀ of one consumer
+  using TileDq = Shape<Int<kBlockM>, Int<kDqCols>>;
+
+  // Q and dO: (rows, hd, stage), head-dim-major and swizzled as WGMMA reads them.
+  using SmemAtomQ = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
+                             GMMA::Major::K, Element, Int<kBlockM>, Int<kHeadDim>>());
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtomQ{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
+  // The same buffer as (hd, rows, stage): the MN-major B operand of dK += dSᵀ·Q and dV += Pᵀ·dO.
+  using SmemLayoutQt = decltype(composition(
+      SmemLayoutQ{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+  // K and V: (64 keys, hd, consumer), each consumer's rows one contiguous tile, so the same
+  // layout serves its TMA load, its GEMMs and the dK/dV TMA store.
+  using SmemAtomKV = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
+                              GMMA::Major::K, Element, Int<kKeysPerConsumer>, Int<kHeadDim>>());
+  using SmemLayoutKV = decltype(tile_to_shape(
+      SmemAtomKV{}, Shape<Int<kKeysPerConsumer>, Int<kHeadDim>, Int<kConsumers>>{}));
+  // K as (hd, keys, consumer): the MN-major B operand of dQ = dS·K.
+  using SmemLayoutKt = decltype(composition(
+      SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kKeysPerConsumer>, Int<kConsumers>>{},
+                                          Step<_2, _1, _3>{})));
+  // dS: (query rows, 64 keys, consumer, buffer), rows contiguous: the MN-major A operand of
+  // dQ = dS·K. Two buffers, so a consumer writes the next block's dS while the other may still
+  // be reading this one.
+  using SmemAtomDs = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
+                              GMMA::Major::MN, Element, Int<kBlockM>, Int<kKeysPerConsumer>>());
+  using SmemLayoutDs = decltype(tile_to_shape(
+      SmemAtomDs{}, Shape<Int<kBlockM>, Int<kKeysPerConsumer>, Int<kConsumers>, _2>{}));
+  // The same buffer as (keys, rows, consumer, buffer): how a consumer's dSᵀ registers land.
+  using SmemLayoutDst = decltype(composition(
+      SmemLayoutDs{}, make_ordered_layout(Shape<Int<kKeysPerConsumer>, Int<kBlockM>, Int<kConsumers>, _2>{},
+                                          Step<_2, _1, _3, _4>{})));
+
+  using TiledMmaSdP = decltype(make_tiled_mma(GMMA::ss_op_selector<
+      Element, Element, float, Shape<Int<kKeysPerConsumer>, Int<kBlockM>, Int<kHeadDim>>>()));
+  using TiledMmaDkv = decltype(make_tiled_mma(GMMA::rs_op_selector<
+      Element, Element, float, Shape<Int<kKeysPerConsumer>, Int<kHeadDim>, Int<kBlockM>>,
+      GMMA::Major::K, GMMA::Major::MN>()));
+  using TiledMmaDq = decltype(make_tiled_mma(GMMA::ss_op_selector<
+      Element, Element, float, Shape<Int<kBlockM>, Int<kDqCols>, Int<kKeysPerConsumer>>,
+      GMMA::Major::MN, GMMA::Major::MN>()));
+  using SmemCopyAtomStore = Copy_Atom<SM90_U32x4_STSM_N, Element>;
+
+  // Global tensors as TMA sees them: (seqlen, hd, heads, batch), unit stride along hd.
+  using GmemLayout = Layout<Shape<int32_t, int32_t, int32_t, int32_t>, Stride<int64_t, _1, int64_t, int64_t>>;
+  using GmemIn = decltype(make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemLayout{}));
+  using GmemOut = decltype(make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), GmemLayout{}));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemIn{}, SmemLayoutQ{}(_, _, _0{}), TileQ{}, _1{}));
+  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemIn{}, SmemLayoutKV{}(_, _, _0{}), TileKV{}, _1{}));
+  using TmaDkv = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemOut{}, SmemLayoutKV{}(_, _, _0{}), TileKV{}, _1{}));
+
+  static constexpr int kQElems = cosize_v<SmemLayoutQ>;
+  static constexpr int kKVElems = cosize_v<SmemLayoutKV>;
+  static constexpr int kDsElems = cosize_v<SmemLayoutDs>;
+  // A stage carries a Q (or dO) tile and the block's lse_log2 (or row_dot) values.
+  static constexpr uint32_t kStageBytes = kBlockM * kHeadDim * sizeof(Element) + kBlockM * sizeof(float);
+  static constexpr uint32_t kKVBytes = 2 * kBlockN * kHeadDim * sizeof(Element);
+
+  using PipelineQ = cutlass::PipelineTmaAsync<kStages>;
+
+  struct SharedStorage {
+    cute::array_aligned<Element, kQElems, 1024> q;
+    cute::array_aligned<Element, kQElems, 1024> dout;
+    cute::array_aligned<Element, kKVElems, 1024> k;
+    cute::array_aligned<Element, kKVElems, 1024> v;
+    cute::array_aligned<Element, kDsElems, 1024> ds;
+    cute::array_aligned<float, kConsumers * kDqElems, 128> dq;
+    cute::array_aligned<float, kStages * kBlockM, 128> lse_log2;
+    cute::array_aligned<float, kStages * kBlockM, 128> row_dot;
+    typename PipelineQ::SharedStorage pipeline_q;
+    typename PipelineQ::SharedStorage pipeline_do;
+    cutlass::arch::ClusterTransactionBarrier kv_full;  // K and V landed
+  };
+  static constexpr int kSmemBytes = sizeof(SharedStorage);
+  static_assert(kSmemBytes <= 227 * 1024, "tile does not fit in shared memory");
+  static_assert(kDqSplitKeys || kDqCols % 64 == 0, "a head-dim split needs 64-column halves");
+};
+
+}  // namespace flashcute::hopper
