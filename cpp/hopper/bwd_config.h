@@ -1,5 +1,6 @@
-// Hopper-path backward tiles per head dim: Q/dO pipeline stages and how the two consumers
-// split dQ (1: by keys, 0: by head-dim columns). 128 keys per CTA, 64 query rows per block.
+// Hopper-path backward tiles per head dim: Q/dO pipeline stages, how the two consumers split
+// dQ (1: by keys, 0: by head-dim columns) and query rows per block (64 or 128). 128 keys per
+// CTA.
 // FLASHCUTE_HOPPER_BWD_TILES overrides them for tuning.
 #pragma once
 
@@ -7,27 +8,28 @@
 #include "hopper_bwd_tile_overrides.h"  // generated
 
 #ifndef FLASHCUTE_HOPPER_BWD_TILE_64
-#define FLASHCUTE_HOPPER_BWD_TILE_64 2, 1
+#define FLASHCUTE_HOPPER_BWD_TILE_64 2, 0, 128
 #endif
 #ifndef FLASHCUTE_HOPPER_BWD_TILE_96
-#define FLASHCUTE_HOPPER_BWD_TILE_96 2, 1
+#define FLASHCUTE_HOPPER_BWD_TILE_96 2, 1, 64
 #endif
 #ifndef FLASHCUTE_HOPPER_BWD_TILE_128
-#define FLASHCUTE_HOPPER_BWD_TILE_128 2, 0
+#define FLASHCUTE_HOPPER_BWD_TILE_128 2, 0, 64
 #endif
 
 namespace flashcute::hopper {
 
 template <int kHeadDim> struct BwdTileShape;
-template <int kStages, int kDqSplitKeys> struct BwdTileValues {
+template <int kStages, int kDqSplitKeys, int kBlockM> struct BwdTileValues {
   static constexpr int kStages_ = kStages;
   static constexpr bool kDqSplitKeys_ = kDqSplitKeys != 0;
+  static constexpr int kBlockM_ = kBlockM;
 };
 template <> struct BwdTileShape<64> : BwdTileValues<FLASHCUTE_HOPPER_BWD_TILE_64> {};
 template <> struct BwdTileShape<96> : BwdTileValues<FLASHCUTE_HOPPER_BWD_TILE_96> {};
 template <> struct BwdTileShape<128> : BwdTileValues<FLASHCUTE_HOPPER_BWD_TILE_128> {};
 
 template <class Element, int kHeadDim, class Shape = BwdTileShape<kHeadDim>>
-using BwdTraitsFor = BwdTraits<Element, kHeadDim, Shape::kStages_, Shape::kDqSplitKeys_>;
+using BwdTraitsFor = BwdTraits<Element, kHeadDim, Shape::kStages_, Shape::kDqSplitKeys_, Shape::kBlockM_>;
 
 }  // namespace flashcute::hopper

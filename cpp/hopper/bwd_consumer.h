@@ -1,10 +1,11 @@
 // Consumer warpgroups of the Hopper-path backward: per query block, the five GEMMs of
-// bwd_traits.h around P and dS in registers, the dQ partial added to global memory from shared
-// memory, and at the end dK (scaled) and dV through shared memory to TMA stores.
+// bwd_traits.h around P and dS in registers, the dQ partial added to global memory from
+// registers, and at the end dK (scaled) and dV through shared memory to TMA stores.
 //
 // Order inside a block: Sᵀ and dPᵀ are issued together; P is computed as soon as Sᵀ is back,
-// dV += Pᵀ·dO issued while dPᵀ may still run; then dS, dK += dSᵀ·Q, dS to shared memory, and
-// dQ = dS·K. The Q and dO stages are released once every GEMM reading them has completed.
+// then dS; dV += Pᵀ·dO runs while dS goes to shared memory; then dQ = dS·K and dK += dSᵀ·Q,
+// and the dQ partial is added while dK runs. The Q and dO stages are released once every GEMM
+// reading them has completed.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -19,13 +20,9 @@
 
 namespace flashcute::hopper {
 
-// Adds `bytes` of fp32 from shared memory into global memory (bulk async copy with .add; one
-// bulk group per call, completed with tma_store_arrive / tma_store_wait).
-CUTE_DEVICE void bulk_reduce_add_f32(float* gmem, const float* smem, int bytes) {
-  const uint32_t smem_addr = cute::cast_smem_ptr_to_uint(smem);
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
-               :
-               : "l"(gmem), "r"(smem_addr), "r"(bytes)
+// Adds four fp32 values to 16 aligned bytes of global memory (one vector reduction).
+CUTE_DEVICE void red_add_f32x4(float* gmem, float a, float b, float c, float d) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(gmem), "f"(a), "f"(b), "f"(c), "f"(d)
                : "memory");
 }
 
@@ -101,7 +98,6 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
   const QueryBlockRange range = query_block_range<kBlockM, Traits::kBlockN>(
       n_block * Traits::kBlockN, args.seqlen_q, args.seqlen_k, args.causal);
 
-  float* dq_smem = storage.dq.data() + consumer * kDqElems;
   const int dq_region = Traits::kDqSplitKeys ? 0 : consumer;
   const int pair_slot0 = (batch * args.nheads_kv + kv_head - params.pair_begin) * args.heads_per_kv;
   const int consumer_barrier = int(BwdBarrier::kConsumer0) + consumer;
@@ -120,42 +116,40 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
       pipeline_do.consumer_wait(do_state);
       wgmma_issue<true>(mma_sdp, tSrV, tSrdO(_, _, _, do_stage), acc_dp);
 
-      // Per column (query row): lse in log2 units and rowsum(dO∘O), from the stages.
-      float lse_log2[kCols], row_dot[kCols];
-      CUTE_UNROLL
-      for (int c = 0; c < kCols; ++c) {
-        const int col = thread_col + get<1>(offsets_rc(0, c));
-        lse_log2[c] = storage.lse_log2[q_stage * kBlockM + col];
-        row_dot[c] = storage.row_dot[do_stage * kBlockM + col];
-      }
-
       warpgroup_wait<1>();  // Sᵀ
       Tensor s_rc = rowcol_view(acc_s);
       if (m < range.masked_end)  // warp-uniform: the bulk skips the mask
         apply_mask_transposed(mask, s_rc, offsets_rc, key0 + thread_key, m * kBlockM + thread_col);
+      // Per column (query row): lse in log2 units and rowsum(dO∘O) from the stages, read where
+      // they are used (128-row blocks have no registers to keep them).
+      const float* lse_log2 = storage.lse_log2.data() + q_stage * kBlockM + thread_col;
       CUTE_UNROLL
-      for (int r = 0; r < size<0>(s_rc); ++r) {
+      for (int c = 0; c < kCols; ++c) {
+        const float lse = lse_log2[get<1>(offsets_rc(0, c))];
         CUTE_UNROLL
-        for (int c = 0; c < kCols; ++c) s_rc(r, c) = fast_exp2(fmaf(s_rc(r, c), args.scale_log2, -lse_log2[c]));
+        for (int r = 0; r < size<0>(s_rc); ++r) s_rc(r, c) = fast_exp2(fmaf(s_rc(r, c), args.scale_log2, -lse));
+      }
+      // dS = P∘(dPᵀ − rowsum(dO∘O)) while P is still fp32, then dV += Pᵀ·dO (measured faster than
+      // issuing dV first, and fewer live registers).
+      warpgroup_wait<0>();  // dPᵀ
+      Tensor dp_rc = rowcol_view(acc_dp);
+      const float* row_dot = storage.row_dot.data() + do_stage * kBlockM + thread_col;
+      CUTE_UNROLL
+      for (int c = 0; c < kCols; ++c) {
+        const float dot = row_dot[get<1>(offsets_rc(0, c))];
+        CUTE_UNROLL
+        for (int r = 0; r < size<0>(dp_rc); ++r) dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - dot);
       }
       convert_fragment_into(acc_s, p_regs);
       wgmma_issue<false>(mma_dkv, tDrP, tDrdO(_, _, _, do_stage), acc_dv);
-
-      warpgroup_wait<1>();  // dPᵀ (dV may still run)
-      Tensor dp_rc = rowcol_view(acc_dp);
-      CUTE_UNROLL
-      for (int r = 0; r < size<0>(dp_rc); ++r) {
-        CUTE_UNROLL
-        for (int c = 0; c < kCols; ++c) dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - row_dot[c]);
-      }
       convert_fragment_into(acc_dp, ds_regs);
-      wgmma_issue<false>(mma_dkv, tDrdS, tDrQ(_, _, _, q_stage), acc_dk);
 
       // dS to shared memory for dQ; with a head-dim split dQ needs both consumers' dS.
       copy(ds_copy, tDSrdS, tDSsdS(_, _, _, consumer, buffer));
       cutlass::arch::fence_view_async_shared();  // generic-proxy writes visible to WGMMA
       if constexpr (Traits::kDqSplitKeys) named_barrier_sync(consumer_barrier, 128);
       else named_barrier_sync(int(BwdBarrier::kDsReady), 128 * Traits::kConsumers);
+      // dQ first, then dK: dQ's partial is added while dK still runs on the tensor cores.
       Tensor acc_dq = partition_fragment_C(mma_dq, typename Traits::TileDq{});
       if constexpr (Traits::kDqSplitKeys) {
         wgmma_issue<true>(mma_dq, tQrdS(_, _, _, consumer, buffer), tQrK(_, _, _, consumer), acc_dq);
@@ -166,27 +160,25 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
           else wgmma_issue<false>(mma_dq, tQrdS(_, _, _, c, buffer), tQrK(_, _, _, c), acc_dq);
         }
       }
-      warpgroup_wait<0>();
-      pipeline_q.consumer_release(q_state);
+      wgmma_issue<false>(mma_dkv, tDrdS, tDrQ(_, _, _, q_stage), acc_dk);
+      warpgroup_wait<1>();  // dV and dQ (dK may still run)
       pipeline_do.consumer_release(do_state);
-      ++q_state;
       ++do_state;
       buffer ^= 1;
 
-      // dQ partial -> shared memory, in register order (conflict-free), then one bulk
-      // reduce-add into this block's slice of dq_accum (bwd_convert.h undoes the order). The
-      // previous block's reduce-add was issued a whole block ago: its wait is free.
-      if (tid == 0) tma_store_wait<0>();
-      named_barrier_sync(consumer_barrier, 128);
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc_dq); ++i) dq_smem[i * 128 + tid] = acc_dq(i);
-      cutlass::arch::fence_view_async_shared();  // visible to the bulk copy
-      named_barrier_sync(consumer_barrier, 128);
-      if (tid == 0) {
-        float* dst = dq_accum_head + int64_t(m) * kBlockM * kHeadDim + dq_region * kDqElems;
-        bulk_reduce_add_f32(dst, dq_smem, kDqElems * sizeof(float));
-        tma_store_arrive();
+      // dQ partial -> dq_accum straight from registers: four values per thread and vector
+      // reduction, the warp's 512 bytes contiguous (bwd_convert.h undoes the order). Measured
+      // 0-6% faster than staging through shared memory for one bulk reduce-add.
+      {
+        static_assert(size(decltype(acc_dq){}) % 4 == 0);
+        float* dst = dq_accum_head + int64_t(m) * kBlockM * kHeadDim + dq_region * kDqElems + tid * 4;
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_dq); i += 4)
+          red_add_f32x4(dst + i * 128, acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
       }
+      warpgroup_wait<0>();  // dK
+      pipeline_q.consumer_release(q_state);
+      ++q_state;
     }
   }
 

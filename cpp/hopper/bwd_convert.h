@@ -34,16 +34,24 @@ __global__ void __launch_bounds__(128 * Traits::kDqRegions)
                      region * Traits::kDqElems;
   Element* dq = static_cast<Element*>(params.dq) + batch * params.dq_batch_stride + head * params.dq_head_stride;
   cutlass::NumericArrayConverter<Element, float, 2> convert;
+  // Thread tid's values i..i+3 sit at [i * 128 + tid * 4]: (row, col), (row, col + 1) and the
+  // same two columns eight rows down.
+  static_assert(size(decltype(coords){}) % 4 == 0);
   CUTE_UNROLL
-  for (int i = 0; i < size(coords); i += 2) {  // i, i + 1: adjacent columns of one row
-    const int row = m_block * kBlockM + get<0>(coords(i));
-    const int col = region * Traits::kDqCols + get<1>(coords(i));
-    cutlass::Array<float, 2> pair_values;
-    pair_values[0] = src[i * 128 + tid] * params.softmax_scale;
-    pair_values[1] = src[(i + 1) * 128 + tid] * params.softmax_scale;
-    if (row < params.seqlen_q)
-      *reinterpret_cast<cutlass::Array<Element, 2>*>(dq + int64_t(row) * params.dq_row_stride + col) =
-          convert(pair_values);
+  for (int i = 0; i < size(coords); i += 4) {
+    const float4 values = *reinterpret_cast<const float4*>(src + (i * 128 + tid * 4));
+    const float quad[4] = {values.x, values.y, values.z, values.w};
+    CUTE_UNROLL
+    for (int j = 0; j < 4; j += 2) {  // j, j + 1: adjacent columns of one row
+      const int row = m_block * kBlockM + get<0>(coords(i + j));
+      const int col = region * Traits::kDqCols + get<1>(coords(i + j));
+      cutlass::Array<float, 2> pair_values;
+      pair_values[0] = quad[j] * params.softmax_scale;
+      pair_values[1] = quad[j + 1] * params.softmax_scale;
+      if (row < params.seqlen_q)
+        *reinterpret_cast<cutlass::Array<Element, 2>*>(dq + int64_t(row) * params.dq_row_stride + col) =
+            convert(pair_values);
+    }
   }
 #endif
 }

@@ -2,7 +2,7 @@
 //
 // K and V of the CTA's key block once (one transaction barrier), then per (head of the GQA
 // group, query block) a Q stage and a dO stage, each a TMA tile plus a bulk copy of the
-// block's 64 lse_log2 (or row_dot) values from the padded workspace onto the same barrier.
+// block's lse_log2 (or row_dot) values from the padded workspace onto the same barrier.
 #pragma once
 
 #include <cute/tensor.hpp>

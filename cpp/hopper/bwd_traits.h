@@ -7,7 +7,7 @@
 //   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ            WGMMA, both operands in shared memory
 //   dV += Pᵀ·dO, dK += dSᵀ·Q          WGMMA, A from registers, B read MN-major
 //   dQ(partial) = dS·K                WGMMA, dSᵀ staged through shared memory
-// and add the dQ partial into an fp32 buffer in global memory with a bulk reduce-add.
+// and add the dQ partial into an fp32 buffer in global memory with vector reductions.
 //
 // dQ is split between the consumers either by head-dim columns (each multiplies the whole dS
 // by half of K's columns: both consumers' dS must be in shared memory first) or by keys (each
@@ -25,7 +25,7 @@ namespace flashcute::hopper {
 
 using namespace cute;
 
-template <class Element_, int kHeadDim_, int kStages_, bool kDqSplitKeys_>
+template <class Element_, int kHeadDim_, int kStages_, bool kDqSplitKeys_, int kBlockM_>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -34,7 +34,7 @@ struct BwdTraits {
   static constexpr int kConsumers = 2;
   static constexpr int kKeysPerConsumer = 64;     // one WGMMA M extent
   static constexpr int kBlockN = kKeysPerConsumer * kConsumers;
-  static constexpr int kBlockM = 64;              // query rows per block
+  static constexpr int kBlockM = kBlockM_;        // query rows per block: 64 or 128
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
@@ -111,7 +111,6 @@ struct BwdTraits {
     cute::array_aligned<Element, kKVElems, 1024> k;
     cute::array_aligned<Element, kKVElems, 1024> v;
     cute::array_aligned<Element, kDsElems, 1024> ds;
-    cute::array_aligned<float, kConsumers * kDqElems, 128> dq;
     cute::array_aligned<float, kStages * kBlockM, 128> lse_log2;
     cute::array_aligned<float, kStages * kBlockM, 128> row_dot;
     typename PipelineQ::SharedStorage pipeline_q;
@@ -120,7 +119,8 @@ struct BwdTraits {
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= 227 * 1024, "tile does not fit in shared memory");
-  static_assert(kDqSplitKeys || kDqCols % 64 == 0, "a head-dim split needs 64-column halves");
+  static_assert(kDqSplitKeys || kDqCols % 32 == 0, "a head-dim split needs 32-column parts");
+  static_assert(kBlockM == 64 || kBlockM == 128, "query blocks are one or two WGMMA N extents");
 };
 
 }  // namespace flashcute::hopper
