@@ -1,6 +1,6 @@
 // Hopper-path backward tiles per head dim: Q/dO pipeline stages, how the two consumers split
-// dQ (1: by keys, 0: by head-dim columns) and query rows per block (64 or 128). 128 keys per
-// CTA.
+// dQ (0: by head-dim columns, 1: by keys, 2: by query rows; see bwd_traits.h) and query rows
+// per block (64 or 128). 128 keys per CTA.
 // FLASHCUTE_HOPPER_BWD_TILES overrides them for tuning.
 #pragma once
 
@@ -8,7 +8,7 @@
 #include "hopper_bwd_tile_overrides.h"  // generated
 
 #ifndef FLASHCUTE_HOPPER_BWD_TILE_64
-#define FLASHCUTE_HOPPER_BWD_TILE_64 2, 0, 128
+#define FLASHCUTE_HOPPER_BWD_TILE_64 3, 2, 128
 #endif
 #ifndef FLASHCUTE_HOPPER_BWD_TILE_96
 #define FLASHCUTE_HOPPER_BWD_TILE_96 2, 1, 64
@@ -20,9 +20,9 @@
 namespace flashcute::hopper {
 
 template <int kHeadDim> struct BwdTileShape;
-template <int kStages, int kDqSplitKeys, int kBlockM> struct BwdTileValues {
+template <int kStages, int kDqSplit, int kBlockM> struct BwdTileValues {
   static constexpr int kStages_ = kStages;
-  static constexpr bool kDqSplitKeys_ = kDqSplitKeys != 0;
+  static constexpr int kDqSplit_ = kDqSplit;
   static constexpr int kBlockM_ = kBlockM;
 };
 template <> struct BwdTileShape<64> : BwdTileValues<FLASHCUTE_HOPPER_BWD_TILE_64> {};
@@ -30,6 +30,6 @@ template <> struct BwdTileShape<96> : BwdTileValues<FLASHCUTE_HOPPER_BWD_TILE_96
 template <> struct BwdTileShape<128> : BwdTileValues<FLASHCUTE_HOPPER_BWD_TILE_128> {};
 
 template <class Element, int kHeadDim, class Shape = BwdTileShape<kHeadDim>>
-using BwdTraitsFor = BwdTraits<Element, kHeadDim, Shape::kStages_, Shape::kDqSplitKeys_, Shape::kBlockM_>;
+using BwdTraitsFor = BwdTraits<Element, kHeadDim, Shape::kStages_, Shape::kDqSplit_, Shape::kBlockM_>;
 
 }  // namespace flashcute::hopper

@@ -63,10 +63,13 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
   // dV += Pᵀ·dO, dK += dSᵀ·Q.
   Tensor tDrdO = thr_dkv.partition_fragment_B(sdOt);  // (MMA, N, K, stage)
   Tensor tDrQ = thr_dkv.partition_fragment_B(sQt);
-  // dQ = dS·K over key chunks: this consumer's columns of K, as (cols, keys, consumer).
+  // dQ = dS·K over key chunks: this consumer's columns of K, as (cols, keys, consumer), and
+  // its rows of dS, as (rows, keys, consumer, buffer).
   Tensor sKt_cols = local_tile(sKt, Shape<Int<Traits::kDqCols>, Int<Traits::kKeysPerConsumer>, Int<Traits::kConsumers>>{},
-                              make_coord(Traits::kDqSplitKeys ? 0 : consumer, 0, 0));
-  Tensor tQrdS = thr_dq.partition_fragment_A(sdS);      // (MMA, M, K, consumer, buffer)
+                              make_coord(Traits::kDqSplitCols ? consumer : 0, 0, 0));
+  Tensor sdS_rows = local_tile(sdS, Shape<Int<Traits::kDqRows>, Int<Traits::kKeysPerConsumer>, Int<Traits::kConsumers>, _2>{},
+                               make_coord(Traits::kDqSplitRows ? consumer : 0, 0, 0, 0));
+  Tensor tQrdS = thr_dq.partition_fragment_A(sdS_rows);  // (MMA, M, K, consumer, buffer)
   Tensor tQrK = thr_dq.partition_fragment_B(sKt_cols);  // (MMA, N, K, consumer)
 
   Tensor acc_dk = partition_fragment_C(mma_dkv, typename Traits::TileKV{});
@@ -91,6 +94,7 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
   Tensor tScS0 = mma_sdp.get_thread_slice(0).partition_C(cS);
   Tensor offsets_rc = make_tensor(tScS0.data(), rowcol_layout(tScS0.layout()));
   constexpr int kCols = decltype(size<1>(offsets_rc))::value;
+  constexpr bool kPrefetchStats = kCols <= 16;
   const int thread_key = get<0>(thr_sdp.partition_C(cS)(0));
   const int thread_col = get<1>(thr_sdp.partition_C(cS)(0));
   const BlockMask mask{args.seqlen_k, args.seqlen_k - args.seqlen_q, args.causal};
@@ -116,27 +120,39 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
       pipeline_do.consumer_wait(do_state);
       wgmma_issue<true>(mma_sdp, tSrV, tSrdO(_, _, _, do_stage), acc_dp);
 
+      // Per column (query row): lse in log2 units from the stage, loaded while Sᵀ still runs where
+      // registers allow (shared-memory loads wait long behind the WGMMA operand traffic);
+      // 128-row blocks read them where they are used.
+      const float* lse_log2 = storage.lse_log2.data() + q_stage * kBlockM + thread_col;
+      float lse_cols[kPrefetchStats ? kCols : 1];
+      if constexpr (kPrefetchStats) {
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; ++c) lse_cols[c] = lse_log2[get<1>(offsets_rc(0, c))];
+      }
       warpgroup_wait<1>();  // Sᵀ
       Tensor s_rc = rowcol_view(acc_s);
       if (m < range.masked_end)  // warp-uniform: the bulk skips the mask
         apply_mask_transposed(mask, s_rc, offsets_rc, key0 + thread_key, m * kBlockM + thread_col);
-      // Per column (query row): lse in log2 units and rowsum(dO∘O) from the stages, read where
-      // they are used (128-row blocks have no registers to keep them).
-      const float* lse_log2 = storage.lse_log2.data() + q_stage * kBlockM + thread_col;
       CUTE_UNROLL
       for (int c = 0; c < kCols; ++c) {
-        const float lse = lse_log2[get<1>(offsets_rc(0, c))];
+        const float lse = kPrefetchStats ? lse_cols[kPrefetchStats ? c : 0] : lse_log2[get<1>(offsets_rc(0, c))];
         CUTE_UNROLL
         for (int r = 0; r < size<0>(s_rc); ++r) s_rc(r, c) = fast_exp2(fmaf(s_rc(r, c), args.scale_log2, -lse));
+      }
+      // rowsum(dO∘O) per column, the same way.
+      const float* row_dot = storage.row_dot.data() + do_stage * kBlockM + thread_col;
+      float dot_cols[kPrefetchStats ? kCols : 1];
+      if constexpr (kPrefetchStats) {
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; ++c) dot_cols[c] = row_dot[get<1>(offsets_rc(0, c))];
       }
       // dS = P∘(dPᵀ − rowsum(dO∘O)) while P is still fp32, then dV += Pᵀ·dO (measured faster than
       // issuing dV first, and fewer live registers).
       warpgroup_wait<0>();  // dPᵀ
       Tensor dp_rc = rowcol_view(acc_dp);
-      const float* row_dot = storage.row_dot.data() + do_stage * kBlockM + thread_col;
       CUTE_UNROLL
       for (int c = 0; c < kCols; ++c) {
-        const float dot = row_dot[get<1>(offsets_rc(0, c))];
+        const float dot = kPrefetchStats ? dot_cols[kPrefetchStats ? c : 0] : row_dot[get<1>(offsets_rc(0, c))];
         CUTE_UNROLL
         for (int r = 0; r < size<0>(dp_rc); ++r) dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - dot);
       }

@@ -9,10 +9,13 @@
 //   dQ(partial) = dS·K                WGMMA, dSᵀ staged through shared memory
 // and add the dQ partial into an fp32 buffer in global memory with vector reductions.
 //
-// dQ is split between the consumers either by head-dim columns (each multiplies the whole dS
-// by half of K's columns: both consumers' dS must be in shared memory first) or by keys (each
-// multiplies its own dS by its own K rows into a full-width partial: no wait on the other
-// consumer, twice the reduce traffic). kDqSplitKeys picks.
+// dQ is split between the consumers (kDqSplit) by
+//   0: head-dim columns: each multiplies the whole dS by half of K's columns;
+//   1: keys: each multiplies its own dS by its own K rows into a full-width partial (no wait on
+//      the other consumer, twice the reduce traffic);
+//   2: query rows (128-row blocks): each multiplies half of dS's rows by all of K, as a 64-row
+//      WGMMA (columns would make it 32 wide, and the dS operand is then read twice).
+// Splits 0 and 2 need both consumers' dS in shared memory first.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -25,12 +28,15 @@ namespace flashcute::hopper {
 
 using namespace cute;
 
-template <class Element_, int kHeadDim_, int kStages_, bool kDqSplitKeys_, int kBlockM_>
+template <class Element_, int kHeadDim_, int kStages_, int kDqSplit_, int kBlockM_>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kStages = kStages_;        // Q (and dO) pipeline stages
-  static constexpr bool kDqSplitKeys = kDqSplitKeys_;
+  static constexpr int kDqSplit = kDqSplit_;
+  static constexpr bool kDqSplitCols = kDqSplit == 0;
+  static constexpr bool kDqSplitKeys = kDqSplit == 1;
+  static constexpr bool kDqSplitRows = kDqSplit == 2;
   static constexpr int kConsumers = 2;
   static constexpr int kKeysPerConsumer = 64;     // one WGMMA M extent
   static constexpr int kBlockN = kKeysPerConsumer * kConsumers;
@@ -39,15 +45,16 @@ struct BwdTraits {
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
 
-  // dQ of one query block as a consumer computes it: all kBlockM rows, kDqCols columns.
-  static constexpr int kDqCols = kDqSplitKeys ? kHeadDim : kHeadDim / kConsumers;
-  static constexpr int kDqRegions = kDqSplitKeys ? 1 : kConsumers;  // distinct column ranges
-  static constexpr int kDqElems = kBlockM * kDqCols;  // one consumer's partial, fp32
+  // dQ of one query block as a consumer computes it: kDqRows rows, kDqCols columns.
+  static constexpr int kDqRows = kDqSplitRows ? kBlockM / kConsumers : kBlockM;
+  static constexpr int kDqCols = kDqSplitCols ? kHeadDim / kConsumers : kHeadDim;
+  static constexpr int kDqRegions = kDqSplitKeys ? 1 : kConsumers;  // distinct parts of the block
+  static constexpr int kDqElems = kDqRows * kDqCols;  // one consumer's partial, fp32
 
   using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
   using TileKV = Shape<Int<kKeysPerConsumer>, Int<kHeadDim>>;  // one consumer's keys
   using TileSt = Shape<Int<kKeysPerConsumer>, Int<kBlockM>>;   // Sᵀ of one consumer
-  using TileDq = Shape<Int<kBlockM>, Int<kDqCols>>;
+  using TileDq = Shape<Int<kDqRows>, Int<kDqCols>>;
 
   // Q and dO: (rows, hd, stage), head-dim-major and swizzled as WGMMA reads them.
   using SmemAtomQ = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
@@ -84,7 +91,7 @@ struct BwdTraits {
       Element, Element, float, Shape<Int<kKeysPerConsumer>, Int<kHeadDim>, Int<kBlockM>>,
       GMMA::Major::K, GMMA::Major::MN>()));
   using TiledMmaDq = decltype(make_tiled_mma(GMMA::ss_op_selector<
-      Element, Element, float, Shape<Int<kBlockM>, Int<kDqCols>, Int<kKeysPerConsumer>>,
+      Element, Element, float, Shape<Int<kDqRows>, Int<kDqCols>, Int<kKeysPerConsumer>>,
       GMMA::Major::MN, GMMA::Major::MN>()));
   using SmemCopyAtomStore = Copy_Atom<SM90_U32x4_STSM_N, Element>;
 
@@ -119,7 +126,9 @@ struct BwdTraits {
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= 227 * 1024, "tile does not fit in shared memory");
-  static_assert(kDqSplitKeys || kDqCols % 32 == 0, "a head-dim split needs 32-column parts");
+  static_assert(!kDqSplitCols || kDqCols % 32 == 0, "a head-dim split needs 32-column parts");
+  static_assert(!kDqSplitRows || kDqRows == 64, "a row split needs 128-row blocks");
+  static_assert(kDqSplit >= 0 && kDqSplit <= 2, "kDqSplit: 0 columns, 1 keys, 2 rows");
   static_assert(kBlockM == 64 || kBlockM == 128, "query blocks are one or two WGMMA N extents");
 };
 
