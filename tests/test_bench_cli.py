@@ -76,6 +76,7 @@ def test_parse_defaults() -> None:
     assert args.impls is None
     assert not args.bwd and not args.check and not args.quick
     assert args.json is None and args.plot is None
+    assert args.rounds == 3
 
 
 def test_parse_explicit_values() -> None:
@@ -100,6 +101,7 @@ def test_parse_quick() -> None:
     assert args.seqlens == list(QUICK_SEQLENS) == [512, 2048, 8192]
     default = parse_args([])
     assert args.rep < default.rep
+    assert args.rounds == 1 and parse_args(["--quick", "--rounds", "5"]).rounds == 5
     # Explicit values win over --quick.
     assert parse_args(["--quick", "--hdims", "64"]).hdims == [64]
 
@@ -118,6 +120,7 @@ def test_parse_impls_all() -> None:
         ["--hdims", "-64"],
         ["--causal", "maybe"],
         ["--dtype", "fp32"],
+        ["--rounds", "0"],
     ],
 )
 def test_parse_rejects_bad_values(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -125,6 +128,18 @@ def test_parse_rejects_bad_values(argv: list[str], capsys: pytest.CaptureFixture
         parse_args(argv)
     assert exc_info.value.code == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_median_row_of_rounds() -> None:
+    from flashcute.bench.grid import BenchConfig, BenchRow
+    from flashcute.bench.timing import median_row
+
+    cfg = BenchConfig(dtype="bf16", hdim=128, causal=True, seqlen=2048, batch=8, nheads=16)
+    rows = [BenchRow.from_config("sdpa-flash", cfg, f, b)
+            for f, b in ((300.0, None), (100.0, 50.0), (200.0, 70.0))]
+    row = median_row(rows)
+    assert row.impl == "sdpa-flash" and row.key == rows[0].key
+    assert row.fwd_tflops == 200.0 and row.bwd_tflops == 60.0
 
 
 def test_causal_values() -> None:

@@ -57,6 +57,7 @@ def test_missing_extension_is_reported(monkeypatch):
     from flashcute import _build_info
 
     monkeypatch.setitem(sys.modules, "flashcute._C", None)  # makes the import fail
+    monkeypatch.setattr(_build_info, "_extension", None)  # forget an earlier successful load
     _build_info._cached_build_info.cache_clear()
     try:
         with pytest.raises(ImportError, match=r"flashcute\._C is missing.*pip install \."):

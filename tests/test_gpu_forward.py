@@ -362,6 +362,43 @@ def test_non_default_stream(gen, backend):
     check_close(result, lse, q, k, v, causal=True)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_direct_launch_on_side_stream_and_in_cuda_graph(gen, backend):
+    """Torch tensors nothing watches skip the custom op: the direct launch must still use the
+    current stream, match the custom op bitwise, and replay from a CUDA graph."""
+    head_dims, dtypes = SUPPORT[backend]
+    headdim = 128 if 128 in head_dims else head_dims[-1]
+    q, k, v = make_qkv(gen, 2, 300, 333, 4, 2, headdim, dtypes[0])
+    scale = 1.0 / math.sqrt(headdim)
+    via_op = torch.ops.flashcute.attention_forward(q, k, v, True, scale, backend)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        sleep = getattr(torch.cuda, "_sleep", None)
+        if sleep is not None:
+            sleep(50_000_000)  # a launch on another stream would read q before this copy
+        q_late = q.clone()
+        direct = flashcute.attention(q_late, k, v, causal=True, return_lse=True, backend=backend)
+    side.synchronize()
+    assert torch.equal(direct[0], via_op[0]) and torch.equal(direct[1], via_op[1])
+
+    static_q = q.clone()
+    with torch.cuda.stream(side):
+        flashcute.attention(static_q, k, v, causal=True, backend=backend)  # warm-up
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out, static_lse = flashcute.attention(
+            static_q, k, v, causal=True, return_lse=True, backend=backend
+        )
+    fresh_q = make_qkv(gen, 2, 300, 333, 4, 2, headdim, dtypes[0])[0]
+    static_q.copy_(fresh_q)
+    static_out.fill_(math.nan)
+    graph.replay()
+    torch.cuda.synchronize()
+    check_close(static_out, static_lse, fresh_q, k, v, causal=True)
+
+
 # ---------------------------------------------------------------------------------------
 # Empty problems.
 

@@ -1,6 +1,7 @@
 // Hopper-path tile shape per head dim: keys per block, K/V pipeline stages, consumer
 // warpgroups (64 query rows each). Chosen by measurement on H200 (see
-// benchmarks/results/README.md); FLASHCUTE_HOPPER_TILES overrides them for tuning.
+// benchmarks/results/README.md); FLASHCUTE_HOPPER_TILES overrides them for tuning. Key
+// blocks that are not a multiple of 32 rely on CuTe's extended WGMMA shapes (CMakeLists.txt).
 #pragma once
 
 #include "hopper/fwd_traits.h"
@@ -19,7 +20,7 @@
 #define FLASHCUTE_HOPPER_TILE_192 96, 2, 2
 #endif
 #ifndef FLASHCUTE_HOPPER_TILE_256
-#define FLASHCUTE_HOPPER_TILE_256 64, 2, 2
+#define FLASHCUTE_HOPPER_TILE_256 80, 2, 2
 #endif
 
 namespace flashcute::hopper {

@@ -10,6 +10,8 @@ from typing import Any
 
 BACKEND_NAMES = ("ampere", "hopper")
 
+_extension: ModuleType | None = None  # set by the first successful load_extension()
+
 
 def load_extension() -> ModuleType:
     """Import and return ``flashcute._C``.
@@ -19,13 +21,17 @@ def load_extension() -> ModuleType:
             reinstall. The pure-Python parts of the package (``flashcute.reference``) keep
             working without it.
     """
+    global _extension
+    if _extension is not None:
+        return _extension
     try:
-        return importlib.import_module("flashcute._C")
+        _extension = importlib.import_module("._C", __package__)
     except ImportError as exc:
         raise ImportError(
             "flashcute: the compiled extension flashcute._C is missing or failed to load "
             f"({exc}); reinstall the package with `pip install .` from the source tree"
         ) from exc
+    return _extension
 
 
 def _split(value: str) -> list[str]:

@@ -7,7 +7,10 @@ Each adapter knows how to
   * allocate (``empty``) on the device of an existing array, through the
     framework's own allocator;
   * name the caller's current CUDA stream (``stream``), on which the kernel is launched;
-  * turn an array into an object that ``flashcute._C`` can read through DLPack (``export``).
+  * turn an array into an object that ``flashcute._C`` can read through DLPack (``export``),
+    and that into the argument of one extension call (``launchable``);
+  * describe an array's device, dtype, shape and strides without a DLPack export
+    (``describe``), where the framework can say so cheaply.
 
 JAX has no notion of a "current stream" that other libraries can join: its adapter reports
 stream 0 (the legacy default stream) and sets ``synchronize_after``. The caller must then
@@ -21,9 +24,13 @@ caller without an adapter: they can be read, but nothing can be allocated for th
 from __future__ import annotations
 
 import sys
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 Shape = Sequence[int]
+#: (DLPack device type, device id, dtype name, shape, strides in elements)
+Description = tuple[int, int, str, tuple[int, ...], tuple[int, ...]]
+
+_TORCH_DLPACK_DEVICES = {"cpu": 1, "cuda": 2}  # torch device type -> DLDeviceType
 
 ALLOCATING_FRAMEWORKS = "torch.Tensor, cupy.ndarray or jax.Array"
 
@@ -58,6 +65,15 @@ class Framework:
         """An object ``flashcute._C`` can read through DLPack."""
         return x
 
+    def describe(self, x: Any) -> Optional[Description]:
+        """``x``'s (device_type, device_id, dtype, shape, strides) as DLPack would give them,
+        read without a DLPack export; None when only DLPack can tell."""
+        return None
+
+    def launchable(self, x: Any) -> Any:
+        """What to hand an extension call for the exported ``x``: read once, then dropped."""
+        return x
+
     def prepare(self, x: Any) -> None:
         """Make ``x``'s data ready for a launch on ``stream(x)``; a no-op by default."""
 
@@ -81,11 +97,30 @@ class TorchFramework(Framework):
     def stream(self, like: Any) -> int:
         import torch
 
+        raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw_stream is not None:  # what torch.cuda.current_stream reads, without the object
+            return int(raw_stream(like.device.index))
         return int(torch.cuda.current_stream(like.device).cuda_stream)
 
     def export(self, x: Any) -> Any:
         # DLPack export refuses tensors that require grad; the caller decides about autograd.
         return x.detach()
+
+    def describe(self, x: Any) -> Optional[Description]:
+        device = x.device
+        device_type = _TORCH_DLPACK_DEVICES.get(device.type)
+        if device_type is None:
+            return None
+        dtype = str(x.dtype).removeprefix("torch.")
+        return device_type, device.index or 0, dtype, tuple(x.shape), tuple(x.stride())
+
+    def launchable(self, x: Any) -> Any:
+        # A capsule from torch's C exporter: Tensor.__dlpack__ is Python code that also
+        # orders streams, which costs microseconds per tensor; the launch is on x's current
+        # stream anyway.
+        import torch.utils.dlpack
+
+        return torch.utils.dlpack.to_dlpack(x)
 
 
 class CupyFramework(Framework):
@@ -178,12 +213,19 @@ _ADAPTERS: tuple[tuple[str, str, Framework], ...] = (
 )
 
 
+_ADAPTER_OF_TYPE: dict[type, Framework] = {}  # types already recognised
+
+
 def framework_of(x: Any) -> Framework | None:
     """The adapter for ``x``'s framework, or None for anything else (generic DLPack or not)."""
-    for module, attr, adapter in _ADAPTERS:
+    adapter = _ADAPTER_OF_TYPE.get(type(x))
+    if adapter is not None:
+        return adapter
+    for module, attr, candidate in _ADAPTERS:
         cls = _loaded_class(module, attr)
         if cls is not None and isinstance(x, cls):
-            return adapter
+            _ADAPTER_OF_TYPE[type(x)] = candidate
+            return candidate
     return None
 
 
@@ -191,3 +233,9 @@ def export(x: Any) -> Any:
     """``x`` as an object ``flashcute._C`` can read; unknown objects are returned as they are."""
     adapter = framework_of(x)
     return adapter.export(x) if adapter is not None else x
+
+
+def launchable(x: Any) -> Any:
+    """An exported ``x`` (or None) as the argument of one extension call."""
+    adapter = framework_of(x) if x is not None else None
+    return adapter.launchable(x) if adapter is not None else x

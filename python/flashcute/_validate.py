@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from ._build_info import BACKEND_NAMES, backend_support, load_extension
-from ._frameworks import is_dlpack
+from ._frameworks import framework_of, is_dlpack
 
 SUPPORTED_DTYPES = ("float16", "bfloat16")
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
@@ -90,6 +90,10 @@ def type_name(x: Any) -> str:
 
 
 def _inspect(name: str, x: Any) -> _Info:
+    adapter = framework_of(x)
+    described = adapter.describe(x) if adapter is not None else None
+    if described is not None:
+        return _Info(name, *described)
     if not is_dlpack(x):
         raise TypeError(
             f"{name}: expected a DLPack tensor (torch.Tensor, cupy.ndarray, jax.Array, ...), "

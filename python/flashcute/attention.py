@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 from ._build_info import load_extension
 from ._dispatch import choose_backend
-from ._frameworks import ALLOCATING_FRAMEWORKS, Framework, export, framework_of
+from ._frameworks import ALLOCATING_FRAMEWORKS, Framework, export, framework_of, launchable
 from ._validate import ForwardProblem, check_scalars, type_name, validate_forward
 
 
@@ -101,10 +101,13 @@ def attention(
     joined: for jax arrays the call waits for the inputs, launches on the legacy default
     stream and synchronizes it before returning.
 
-    Torch tensors (without ``out``) go through the custom op ``flashcute::attention_forward``:
-    the result is differentiable (``flashcute::attention_backward``, bitwise reproducible
-    gradients), works under ``torch.compile(fullgraph=True)`` and in CUDA graphs. The returned
-    lse is not differentiable.
+    Torch tensors (without ``out``) go through the custom op ``flashcute::attention_forward``
+    whenever something may watch the call: an input requires grad, ``torch.compile`` traces,
+    a tensor subclass, dispatch mode or functorch transform is active. The result is then
+    differentiable (``flashcute::attention_backward``, bitwise reproducible gradients) and
+    works under ``torch.compile(fullgraph=True)``; otherwise the kernel is launched directly,
+    without the custom op's dispatch cost. Both work in CUDA graphs. The returned lse is not
+    differentiable.
 
     Returns:
         The output (``out`` itself when given), or ``(output, lse)`` when ``return_lse``.
@@ -144,6 +147,7 @@ def attention_dlpack(
     backend: Optional[str] = None,
 ) -> Any:
     """``attention`` through DLPack, without autograd: the implementation under every route."""
+    ext = load_extension()
     q_x, k_x, v_x = export(q), export(k), export(v)
     out_x = export(out) if out is not None else None
     problem = validate_forward(
@@ -154,7 +158,6 @@ def attention_dlpack(
         out_adapter.check_out(out)
     alloc, like = _allocator(q, out, return_lse)
 
-    ext = load_extension()
     capability = int(ext.device_capability(problem.device_id))
     backend_code = choose_backend(backend, capability, headdim=problem.headdim, dtype=problem.dtype)
     result, lse = _outputs(problem, alloc, like, out, return_lse)
@@ -186,7 +189,7 @@ def _launch(
             if adapter is not None:
                 adapter.prepare(x)
     stream = alloc.stream(like) if alloc is not None else 0
-    q, k, v, out, lse = tensors
+    q, k, v, out, lse = (launchable(x) for x in tensors)
     ext.forward(q, k, v, out, lse, problem.scale, causal, backend_code, stream)
     if sync:
         ext.synchronize(stream, problem.device_id)

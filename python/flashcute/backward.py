@@ -6,7 +6,7 @@ from typing import Any, Optional
 
 from ._build_info import load_extension
 from ._dispatch import choose_backward_backend
-from ._frameworks import export, framework_of
+from ._frameworks import export, framework_of, launchable
 from ._validate import type_name
 from ._validate_backward import validate_backward
 
@@ -65,6 +65,7 @@ def attention_backward(
             f"q: flashcute can allocate gradients and workspaces only for a torch.Tensor, "
             f"cupy.ndarray or jax.Array, got {type_name(q)}"
         )
+    ext = load_extension()
     exported = [export(x) for x in (dout, q, k, v, out, lse)]
     problem = validate_backward(
         *exported, dq=dq, dk=dk, dv=dv, causal=causal, softmax_scale=softmax_scale,
@@ -74,7 +75,6 @@ def attention_backward(
         adapter = framework_of(x) if x is not None else None
         if adapter is not None:
             adapter.check_out(x)
-    ext = load_extension()
     capability = int(ext.device_capability(problem.device_id))
     backend_code = choose_backward_backend(
         backend, capability, headdim=problem.headdim, dtype=problem.dtype,
@@ -95,8 +95,8 @@ def attention_backward(
             alloc.prepare(x)
     stream = alloc.stream(q)
     ext.backward(
-        *exported, *[export(g) for g in grads],
-        workspace, problem.scale, causal, deterministic, backend_code, stream,
+        *[launchable(x) for x in (*exported, *[export(g) for g in grads], workspace)],
+        problem.scale, causal, deterministic, backend_code, stream,
     )
     if alloc.synchronize_after:
         ext.synchronize(stream, problem.device_id)

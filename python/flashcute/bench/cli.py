@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma-separated subset of {', '.join(grid.IMPLS)} (default: all available)")
     add("--bwd", action="store_true",
         help="also time the backward pass (every implementation through autograd; "
-        "flashcute-hopper's backward runs on the Ampere path)")
+        "flashcute-hopper's backward takes the Hopper path where the build has it for the "
+        "head dim, else the Ampere path)")
     add("--check", action="store_true",
         help=f"compare each flashcute config against SDPA first and abort if "
         f"the max abs error exceeds {grid.CHECK_ATOL:g}")
@@ -84,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
         add(flag, type=float, default=None, metavar="MS",
             help=f"{what} time per measurement in ms (default: {default_ms:g}, "
             f"--quick: {quick_ms:g})")
+    add("--rounds", type=int, default=None,
+        help=f"time every implementation this many times, alternating between them, and "
+        f"report each one's median (default: {grid.DEFAULT_ROUNDS}, --quick: 1)")
     add("--seed", type=int, default=0, help="RNG seed (default: 0)")
     add("--no-progress", action="store_true", help="do not draw a progress bar")
     return parser
@@ -103,11 +107,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ("seqlens", list(grid.DEFAULT_SEQLENS), list(grid.QUICK_SEQLENS)),
         ("warmup", grid.DEFAULT_WARMUP_MS, grid.QUICK_WARMUP_MS),
         ("rep", grid.DEFAULT_REP_MS, grid.QUICK_REP_MS),
+        ("rounds", grid.DEFAULT_ROUNDS, 1),
     ):
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else default)
     if args.warmup < 0 or args.rep <= 0:
         parser.error("--warmup must be >= 0 and --rep > 0")
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
     args.causals = causal_values(args.causal)
     try:
         grid.validate_grid(args.hdims, args.seqlens)
@@ -174,7 +181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"torch {torch.__version__}  flashcute {fc_version or 'n/a'}")
     print(f"dtype {args.dtype}  batch*seqlen={grid.TOTAL_TOKENS}  "
           f"nheads*hdim={grid.TOTAL_HIDDEN}  timer: {timing.timer_name()} "
-          f"(median, warmup {args.warmup:g} ms, rep {args.rep:g} ms)")
+          f"(median, warmup {args.warmup:g} ms, rep {args.rep:g} ms; median of "
+          f"{args.rounds} alternating round{'s' if args.rounds > 1 else ''})")
     print("values: fwd TFLOP/s; ratios: flashcute-X / sdpa-Y fwd TFLOP/s"
           + ("; '... bwd' columns: the same for the backward" if args.bwd else ""))
     sys.stdout.flush()
@@ -186,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows = timing.run_benchmark(
                 configs, chosen, build_info=build_info, capability=capability,
                 warmup_ms=args.warmup, rep_ms=args.rep, bwd=args.bwd, check=args.check,
-                seed=args.seed, notes=notes, progress=progress,
+                seed=args.seed, notes=notes, progress=progress, rounds=args.rounds,
             )
     except grid.CheckError as exc:
         report.print_notes(notes)

@@ -20,6 +20,8 @@ QUICK_SEQLENS: tuple[int, ...] = (512, 2048, 8192)
 #: Default timing budget, in milliseconds (same as ``triton.testing.do_bench``).
 DEFAULT_WARMUP_MS: float = 25.0
 DEFAULT_REP_MS: float = 100.0
+#: Alternating rounds per configuration (each implementation reports its median).
+DEFAULT_ROUNDS: int = 3
 QUICK_WARMUP_MS: float = 5.0
 QUICK_REP_MS: float = 20.0
 

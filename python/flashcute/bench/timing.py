@@ -5,6 +5,7 @@ Everything here imports ``torch`` (and ``triton`` when present) only when called
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import warnings
@@ -170,6 +171,15 @@ def time_impl(
     return BenchRow.from_config(impl, cfg, tflops_from_ms(config_flops(cfg), fwd_ms), bwd_tflops)
 
 
+def median_row(rows: Sequence[BenchRow]) -> BenchRow:
+    """One implementation's rounds on one configuration: median forward and backward."""
+    bwd = [r.bwd_tflops for r in rows if r.bwd_tflops is not None]
+    return dataclasses.replace(
+        rows[0], fwd_tflops=statistics.median(r.fwd_tflops for r in rows),
+        bwd_tflops=statistics.median(bwd) if bwd else None,
+    )
+
+
 def reference_output(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
     """SDPA output in ``(batch, seqlen, nheads, hdim)`` layout.
 
@@ -217,9 +227,10 @@ def check_impl(
 def run_benchmark(
     grid: Sequence[BenchConfig], impls: Sequence[str], *, build_info: Mapping[str, Any],
     capability: tuple[int, int], warmup_ms: float, rep_ms: float, bwd: bool, check: bool,
-    seed: int, notes: Notes, progress: Progress,
+    seed: int, notes: Notes, progress: Progress, rounds: int = 1,
 ) -> list[BenchRow]:
-    """Measure every implementation on every configuration of ``grid``.
+    """Measure every implementation on every configuration of ``grid``, ``rounds`` times
+    in alternation, keeping each one's median.
 
     Raises :class:`CheckError` when ``check`` is set and a flashcute output
     disagrees with SDPA.
@@ -230,6 +241,7 @@ def run_benchmark(
     for cfg in grid:
         q, k, v = make_inputs(cfg, seed=seed)
         ref: Tensor | None = None
+        runnable: list[str] = []
         for impl in impls:
             mask = "causal" if cfg.causal else "full"
             progress.set_postfix_str(f"{impl} hdim={cfg.hdim} {mask} s={cfg.seqlen}")
@@ -246,10 +258,21 @@ def run_benchmark(
             if reason is not None:
                 notes.add(reason)
             else:
+                runnable.append(impl)
+        # Rounds alternate between the implementations, so that clock changes under
+        # sustained load affect each of them alike; each reports its median round.
+        timed: dict[str, list[BenchRow]] = {impl: [] for impl in runnable}
+        for round_index in range(rounds):
+            for impl in runnable:
+                if len(timed[impl]) < round_index:
+                    continue  # failed in an earlier round (and noted)
                 row = time_impl(impl, cfg, q, k, v, warmup_ms=warmup_ms, rep_ms=rep_ms,
                                 bwd=bwd, notes=notes)
                 if row is not None:
-                    rows.append(row)
+                    timed[impl].append(row)
+        for impl in impls:
+            if timed.get(impl):
+                rows.append(median_row(timed[impl]))
             progress.update(1)
         del q, k, v, ref
         torch.cuda.empty_cache()
