@@ -1,7 +1,7 @@
 // Hopper-path tile shape per head dim: keys per block, K/V pipeline stages, consumer
 // warpgroups (64 query rows each). Chosen by measurement on H200 (see
 // benchmarks/results/README.md); FLASHCUTE_HOPPER_TILES overrides them for tuning. Key
-// blocks that are not a multiple of 32 rely on CuTe's extended WGMMA shapes (CMakeLists.txt).
+// blocks such as 80 rely on CuTe's extended WGMMA shapes (CMakeLists.txt).
 #pragma once
 
 #include "hopper/fwd_traits.h"
