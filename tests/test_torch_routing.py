@@ -51,3 +51,14 @@ def test_functorch_transforms_use_the_custom_op():
 
     torch.func.grad(f)(torch.zeros(1, 4, 2, 64))
     assert seen == [True]
+
+
+def test_jit_tracing_uses_the_custom_op():
+    seen = []
+
+    def f(q):
+        seen.append(_torch_ops._needs_custom_op(q, q, q))
+        return q + 1
+
+    torch.jit.trace(f, torch.zeros(1, 4, 2, 64), check_trace=False)
+    assert seen == [True]

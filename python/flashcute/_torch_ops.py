@@ -114,14 +114,17 @@ _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", None)
 
 
 def _needs_custom_op(q: Tensor, k: Tensor, v: Tensor) -> bool:
-    """Whether anything may watch the call (autograd, a compiler, a tensor subclass, a
-    dispatch mode or a functorch transform), so that it must go through the custom op.
+    """Whether anything may watch the call (autograd, a compiler or tracer, a tensor
+    subclass, a dispatch mode or a functorch transform), so that it must go through the
+    custom op.
 
     Calling the kernel directly otherwise saves the custom op's dispatch, tens of
     microseconds per call, which matters for short sequences."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return True
-    if torch.compiler.is_compiling() or torch.overrides.has_torch_function((q, k, v)):
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return True
+    if torch.overrides.has_torch_function((q, k, v)):
         return True
     if _dispatch_modes is None or _dispatch_modes() != 0:
         return True
