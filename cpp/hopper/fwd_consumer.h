@@ -63,10 +63,9 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
   turns.start();
   FwdEpilogue<Traits> epilogue(params, storage, consumer);
   cutlass::PipelineState<Traits::kStages> k_state, v_state;
-  const TileSchedule& schedule = params.schedule;
   int iteration = 0;
-  for (int index; (index = schedule.index(iteration, blockIdx.x, gridDim.x)) < schedule.num_tiles; ++iteration) {
-    const FwdTile tile = schedule.tile(index);
+  for (TileWalk walk(params.schedule, blockIdx.x, gridDim.x); walk.valid(); walk.advance(), ++iteration) {
+    const FwdTile tile = walk.tile();
     const int row0 = tile.m_block * Traits::kBlockM;
     const KeyBlockRange range = key_block_range<kBlockN>(row0, Traits::kBlockM, args.seqlen_q,
                                                          args.seqlen_k, args.causal);

@@ -110,24 +110,12 @@ Status run_fwd(const FwdKernelParams& p, cudaStream_t stream) {
                                                       p.out_batch_stride),
                            slayout_q, typename Traits::TileQ{}, _1{});
 
-  TileSchedule& s = kp.schedule;
-  s.num_m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
-  s.nheads = p.nheads;
-  s.num_head_batch = p.nheads * p.batch;
-  s.group_size = head_group_size(p, kHeadDim, sizeof(Element), l2_bytes);
-  if (p.causal) {
-    // Each CTA takes every grid-th tile of a group: with at least two waves of tiles per group
-    // every CTA sweeps from long to short tiles. (A group of one long sequence's 128 blocks on
-    // 132 SMs would hand some CTAs only long tiles.)
-    const int min_group = (2 * sm_count + s.num_m_blocks - 1) / s.num_m_blocks;
-    s.group_size = std::min(std::max(s.group_size, min_group), s.num_head_batch);
-  }
-  const int64_t num_tiles = int64_t(s.num_m_blocks) * s.num_head_batch;
-  if (num_tiles > std::numeric_limits<int>::max())
+  const int num_m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+  if (int64_t(num_m_blocks) * p.nheads * p.batch > std::numeric_limits<int>::max())
     return make_status(StatusCode::kNotSupported, "hopper path: more than 2^31 query tiles");
-  s.num_tiles = static_cast<int>(num_tiles);
-  s.longest_first = p.causal;
-  const int grid = std::min(s.num_tiles, sm_count);
+  const int group_size = head_group_size(p, kHeadDim, sizeof(Element), l2_bytes);
+  kp.schedule = TileSchedule::make(num_m_blocks, p.nheads, p.batch, group_size, p.causal);
+  const int grid = std::min(kp.schedule.num_units, sm_count);
   kernel<<<grid, Traits::kThreads, kSmem, stream>>>(kp);
   return cuda_status(cudaGetLastError(), "hopper forward launch");
 }

@@ -36,10 +36,9 @@ CUTE_DEVICE void produce_fwd(FwdParams<Traits> const& params, typename Traits::S
 
   auto k_state = cutlass::make_producer_start_state<PipelineKV>();
   auto v_state = cutlass::make_producer_start_state<PipelineKV>();
-  const TileSchedule& schedule = params.schedule;
   int iteration = 0;
-  for (int index; (index = schedule.index(iteration, blockIdx.x, gridDim.x)) < schedule.num_tiles; ++iteration) {
-    const FwdTile tile = schedule.tile(index);
+  for (TileWalk walk(params.schedule, blockIdx.x, gridDim.x); walk.valid(); walk.advance(), ++iteration) {
+    const FwdTile tile = walk.tile();
     const int kv_head = tile.head / args.heads_per_kv;
     const KeyBlockRange range = key_block_range<kBlockN>(tile.m_block * Traits::kBlockM, Traits::kBlockM,
                                                          args.seqlen_q, args.seqlen_k, args.causal);

@@ -1,12 +1,14 @@
-// Persistent tile order of the Hopper-path forward. Round r hands CTA i the tile
-// r * gridDim.x + i, or with causal on odd rounds r * gridDim.x + (gridDim.x - 1 - i): in a
-// longest-first order the CTA that got the longest tile of one round gets the shortest of
-// the next, so per-CTA totals stay even when each CTA only sees a few tiles.
+// Persistent tile order of the Hopper-path forward. CTA i of a grid of G runs the work units
+// i, i + G, i + 2G, ...; a unit is one query tile, or with causal masking a pair of tiles.
 //
-// Tiles are grouped by (batch, head) so that the CTAs running at once share few K/V heads
-// (their K/V stays in L2); inside a group the order is query-block-major, and with causal
-// from the block with the most keys to the one with the fewest, so long tiles start first
-// and short ones fill the tail.
+// Causal: query block m sees m + 1 key blocks (plus a constant when seqlen_k > seqlen_q), so
+// the blocks m and M-1-m of one head together cost the same for every m. Units made of such
+// pairs (longest tile first) have equal cost, and handing them out round-robin balances the
+// CTAs up to the last partial round, with no atomic counter. When M is odd the middle block
+// is a unit of its own; those half units come after all pairs and fill the tail.
+//
+// Units are grouped by (batch, head) so that the CTAs running at once share few K/V heads
+// (their K/V stays in L2); inside a group the order is query-block-major (pair-major).
 #pragma once
 
 #include <cute/config.hpp>
@@ -19,30 +21,85 @@ struct FwdTile {
   int batch;
 };
 
+// The query tiles of one work unit: m_blocks[0], then m_blocks[1] when count == 2.
+struct FwdUnit {
+  int m_blocks[2];
+  int count;
+  int head;
+  int batch;
+  CUTE_HOST_DEVICE FwdTile tile(int part) const { return FwdTile{part == 0 ? m_blocks[0] : m_blocks[1], head, batch}; }
+};
+
 struct TileSchedule {
   int num_m_blocks;
   int nheads;
   int num_head_batch;  // nheads * batch
   int group_size;      // (batch, head) pairs per group
-  int num_tiles;
-  bool longest_first;
+  int num_units;
+  bool paired;         // causal: units are (M-1-p, p) pairs of query blocks
 
-  // The tile CTA `cta` of `ctas` runs in round `round` (may be >= num_tiles: no more work).
-  CUTE_HOST_DEVICE int index(int round, int cta, int ctas) const {
-    const int slot = longest_first && (round & 1) ? ctas - 1 - cta : cta;
-    return round * ctas + slot;
+  CUTE_HOST_DEVICE static TileSchedule make(int num_m_blocks, int nheads, int batch, int group_size, bool paired) {
+    TileSchedule s{};
+    s.num_m_blocks = num_m_blocks;
+    s.nheads = nheads;
+    s.num_head_batch = nheads * batch;
+    s.group_size = group_size;
+    s.paired = paired;
+    // Paired: floor(M/2) pairs per head, then one middle block per head when M is odd.
+    s.num_units = paired ? s.num_head_batch * ((num_m_blocks + 1) / 2) : s.num_head_batch * num_m_blocks;
+    return s;
   }
 
-  CUTE_HOST_DEVICE FwdTile tile(int index) const {
-    const int group_tiles = group_size * num_m_blocks;
-    const int group = index / group_tiles;
-    const int in_group = index - group * group_tiles;
-    const int first = group * group_size;
-    const int heads_in_group = num_head_batch - first < group_size ? num_head_batch - first : group_size;
-    const int rank = in_group / heads_in_group;
-    const int head_batch = first + in_group - rank * heads_in_group;
-    const int m_block = longest_first ? num_m_blocks - 1 - rank : rank;
-    return FwdTile{m_block, head_batch % nheads, head_batch / nheads};
+  CUTE_HOST_DEVICE FwdUnit unit(int index) const {
+    const int ranks = paired ? num_m_blocks / 2 : num_m_blocks;  // units per head before the halves
+    const int grouped_units = num_head_batch * ranks;
+    int rank, head_batch;
+    if (index < grouped_units) {
+      const int group_units = group_size * ranks;
+      const int group = index / group_units;
+      const int in_group = index - group * group_units;
+      const int first = group * group_size;
+      const int heads_in_group = num_head_batch - first < group_size ? num_head_batch - first : group_size;
+      rank = in_group / heads_in_group;
+      head_batch = first + in_group - rank * heads_in_group;
+    } else {  // paired, M odd: the middle block of head `index - grouped_units`
+      rank = ranks;
+      head_batch = index - grouped_units;
+    }
+    FwdUnit u;
+    u.head = head_batch % nheads;
+    u.batch = head_batch / nheads;
+    if (!paired) {
+      u.m_blocks[0] = u.m_blocks[1] = rank;
+      u.count = 1;
+    } else {
+      u.m_blocks[0] = num_m_blocks - 1 - rank;
+      u.m_blocks[1] = rank;
+      u.count = u.m_blocks[0] == rank ? 1 : 2;
+    }
+    return u;
+  }
+};
+
+// One CTA's tiles in order: units first, first + stride, ..., each unit's tiles in turn.
+struct TileWalk {
+  TileSchedule const& schedule;
+  int stride;
+  int unit_index;
+  int part = 0;
+  FwdUnit unit{};
+
+  CUTE_DEVICE TileWalk(TileSchedule const& schedule_, int first, int stride_)
+      : schedule(schedule_), stride(stride_), unit_index(first) {
+    if (valid()) unit = schedule.unit(unit_index);
+  }
+  CUTE_DEVICE bool valid() const { return unit_index < schedule.num_units; }
+  CUTE_DEVICE FwdTile tile() const { return unit.tile(part); }
+  CUTE_DEVICE void advance() {
+    if (++part < unit.count) return;
+    part = 0;
+    unit_index += stride;
+    if (valid()) unit = schedule.unit(unit_index);
   }
 };
 
