@@ -5,7 +5,8 @@
 // P(n)·V(n) are issued together, the softmax of S(n-1) runs once S is back while P·V is
 // still in flight, and O is rescaled after it lands. Between warpgroups, MmaTurns orders the
 // issue so their GEMM phases alternate. The blocks that need the mask (sequence tail, causal
-// diagonal) come first and run in their own loop; the bulk runs without mask code.
+// diagonal) come first and run in their own loop; the bulk runs without mask code. Key blocks
+// that none of a consumer's rows can see are skipped by that consumer alone.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -69,7 +70,14 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
     const int row0 = tile.m_block * Traits::kBlockM;
     const KeyBlockRange range = key_block_range<kBlockN>(row0, Traits::kBlockM, args.seqlen_q,
                                                          args.seqlen_k, args.causal);
-    const int my_row = row0 + consumer * kRows + thread_row;
+    // This consumer's own rows may see fewer key blocks than the tile's (causal diagonal, rows
+    // past seqlen_q): it skips their GEMMs but still takes its turns and frees their stages.
+    const int consumer_row0 = row0 + consumer * kRows;
+    const KeyBlockRange mine = consumer_row0 >= args.seqlen_q
+                                   ? KeyBlockRange{0, 0}
+                                   : key_block_range<kBlockN>(consumer_row0, kRows, args.seqlen_q,
+                                                              args.seqlen_k, args.causal);
+    const int my_row = consumer_row0 + thread_row;
     OnlineSoftmax<kThreadRows> softmax(args.scale_log2);
     clear(acc_o);
     storage.q_full.wait(iteration & 1);
@@ -83,6 +91,18 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
     };
 
     int n = range.n_end - 1;
+    const bool skips = mine.n_end < range.n_end;
+    if (skips) epilogue.release_previous_o(iteration);  // before waiting for any V
+    for (; n >= mine.n_end; --n) {
+      turns.wait();
+      turns.pass();
+      pipeline_k.consumer_wait(k_state);
+      pipeline_k.consumer_release(k_state);
+      ++k_state;
+      pipeline_v.consumer_wait(v_state);
+      pipeline_v.consumer_release(v_state);
+      ++v_state;
+    }
     if (n >= 0) {
       {
         AccS acc_s;
@@ -91,8 +111,9 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
         turns.wait();
         wgmma_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
         turns.pass();
+        if (!skips) epilogue.release_previous_o(iteration);
         warpgroup_wait<0>();
-        scores_done(acc_s, n, n >= range.n_unmasked, correction);  // acc_o is still zero
+        scores_done(acc_s, n, n >= mine.n_unmasked, correction);  // acc_o is still zero
         convert_fragment_into(acc_s, p_regs);
       }
       // One key block: S(n) = Q·K(n)ᵀ issued with P(n+1)·V(n+1), softmax of S(n) meanwhile.
@@ -113,7 +134,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
         OnlineSoftmax<kThreadRows>::rescale(acc_o_rc, correction);
         convert_fragment_into(acc_s, p_regs);
       };
-      for (--n; n >= 0 && n >= range.n_unmasked; --n) step(n, cute::true_type{});
+      for (--n; n >= 0 && n >= mine.n_unmasked; --n) step(n, cute::true_type{});
       for (; n >= 0; --n) step(n, cute::false_type{});
       if constexpr (!Traits::kOAliasesQ) storage.q_empty.arrive();  // last Q·Kᵀ has completed
 
@@ -124,8 +145,13 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
       warpgroup_wait<0>();
       pipeline_v.consumer_release(v_state);
       ++v_state;
-    } else if constexpr (!Traits::kOAliasesQ) {
-      storage.q_empty.arrive();
+    } else {
+      if (range.n_end > 0) {  // the turn the other consumers take for their last P·V
+        turns.wait();
+        turns.pass();
+      }
+      if constexpr (!Traits::kOAliasesQ) storage.q_empty.arrive();
+      if (!skips) epilogue.release_previous_o(iteration);
     }
 
     float lse[kThreadRows];

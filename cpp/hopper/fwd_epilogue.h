@@ -1,6 +1,7 @@
 // Epilogue of a Hopper-path consumer: O (already normalized) goes registers -> shared memory
 // (stmatrix) -> global memory (one TMA store per consumer's 64 rows, clipped at seqlen_q by
-// the tensor map); LSE is written from registers.
+// the tensor map); LSE is written from registers. Where O is staged in K/V's or Q's buffer,
+// the epilogue also tells the producer when that buffer may be loaded again.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -24,7 +25,21 @@ struct FwdEpilogue {
       : params(params_), storage(storage_), consumer(consumer_), tid(threadIdx.x % 128) {}
 
   CUTE_DEVICE Element* o_buffer() const {
-    return Traits::kOAliasesQ ? storage.q.data() : storage.o.data();
+    if constexpr (Traits::kOAliasesQ) return storage.q.data();
+    if constexpr (Traits::kOAliasesV) return storage.v.data();
+    return storage.o.data();
+  }
+
+  // O staged in V's buffer: the producer holds the next tile's V loads until the previous
+  // tile's O stores have read the buffer. The wait is deferred to here (after the next tile's
+  // first Q·Kᵀ is issued, before its first V is needed) so the store overlaps that GEMM.
+  CUTE_DEVICE void release_previous_o(int iteration) const {
+    if constexpr (Traits::kOAliasesV) {
+      if (iteration > 0 && tid == 0) {
+        cute::tma_store_wait<0>();
+        storage.o_empty.arrive();
+      }
+    }
   }
 
   template <class AccO, class ThrMma, int kThreadRows>
@@ -39,7 +54,9 @@ struct FwdEpilogue {
     auto smem_copy = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, typename Traits::TiledMmaPV{});
     auto smem_thr_copy = smem_copy.get_thread_slice(tid);
     if (tid == 0) tma_store_wait<0>();  // the previous tile's store has read the buffer
-    epilogue_barrier_sync(consumer);
+    // O in V's buffer: every consumer's last P·V must have read V first.
+    if constexpr (Traits::kOAliasesV) last_pv_done_sync(Traits::kConsumers);
+    else epilogue_barrier_sync(consumer);
     copy(smem_copy, smem_thr_copy.retile_S(o), smem_thr_copy.partition_D(sO));
     cutlass::arch::fence_view_async_shared();  // generic-proxy writes visible to the TMA
     epilogue_barrier_sync(consumer);

@@ -36,6 +36,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     prefetch_tma_descriptor(params.tma_o.get_tma_descriptor());
     storage.q_full.init(1);
     storage.q_empty.init(Traits::kQEmptyArrivals);
+    storage.o_empty.init(Traits::kConsumers);
   }
 
   typename PipelineKV::Params pipeline_params;

@@ -2,7 +2,8 @@
 //
 // Per tile: the first K block, then Q (once the consumers released the previous tile's Q),
 // then K of the next block ahead of V of the current one, so S = Q·Kᵀ of block n-1 never waits
-// behind V of block n. Key blocks go from the last to the first, as the consumers visit them.
+// behind V of block n. Where O is staged in V's buffer, the first V load of a tile waits for
+// the previous tile's O stores. Key blocks go from the last to the first, as the consumers visit them.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -54,7 +55,14 @@ CUTE_DEVICE void produce_fwd(FwdParams<Traits> const& params, typename Traits::S
            tKsK(_, _, _, k_state.index()));
       ++k_state;
     };
+    // O staged in V's buffer: the previous tile's O stores must have read it (one phase per tile).
+    bool o_buffer_free = iteration == 0 || !Traits::kOAliasesV;
+    auto wait_o_buffer = [&] {
+      if (!o_buffer_free) storage.o_empty.wait((iteration - 1) & 1);
+      o_buffer_free = true;
+    };
     auto load_v = [&](int n) {
+      wait_o_buffer();
       pipeline_v.producer_acquire(v_state);
       copy(params.tma_v.with(*pipeline_v.producer_get_barrier(v_state)), tVgV(_, _, _, n),
            tVsV(_, _, _, v_state.index()));
@@ -75,6 +83,7 @@ CUTE_DEVICE void produce_fwd(FwdParams<Traits> const& params, typename Traits::S
       load_v(n);
     }
     if (n == 0) load_v(0);
+    wait_o_buffer();  // tiles without key blocks still complete a phase
   }
 }
 

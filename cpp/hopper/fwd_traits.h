@@ -64,10 +64,13 @@ struct FwdTraits {
   static constexpr int kKVElems = cosize_v<SmemLayoutKV>;
   static constexpr uint32_t kQBytes = kQElems * sizeof(Element);
   static constexpr uint32_t kKVBlockBytes = kBlockN * kHeadDim * sizeof(Element);
-  // O gets its own buffer when it fits; otherwise it reuses Q's, and the next tile's Q load
-  // waits for the O store to have read it.
+  // Where O is staged for its TMA store: its own buffer when that fits; else the start of V's
+  // buffer (the next tile's V loads wait for the O store, but its Q and first K blocks do not);
+  // else Q's buffer (the next tile's Q load waits for the O store).
   static constexpr int kSmemLimit = 227 * 1024;
-  static constexpr bool kOAliasesQ = (2 * kQElems + 2 * kKVElems) * int(sizeof(Element)) + 1024 > kSmemLimit;
+  static constexpr bool kOOwnBuffer = (2 * kQElems + 2 * kKVElems) * int(sizeof(Element)) + 1024 <= kSmemLimit;
+  static constexpr bool kOAliasesV = !kOOwnBuffer && kKVElems >= kQElems;
+  static constexpr bool kOAliasesQ = !kOOwnBuffer && !kOAliasesV;
 
   // Arrivals that free Q's buffer: every consumer thread after its last Q·Kᵀ, or, when O
   // reuses the buffer, one thread per consumer after its O store has read it.
@@ -79,11 +82,12 @@ struct FwdTraits {
     cute::array_aligned<Element, kQElems, 1024> q;
     cute::array_aligned<Element, kKVElems, 1024> k;
     cute::array_aligned<Element, kKVElems, 1024> v;
-    cute::array_aligned<Element, kOAliasesQ ? 8 : kQElems, 1024> o;
+    cute::array_aligned<Element, kOOwnBuffer ? kQElems : 8, 1024> o;
     typename PipelineKV::SharedStorage pipeline_k;
     typename PipelineKV::SharedStorage pipeline_v;
     cutlass::arch::ClusterTransactionBarrier q_full;  // Q of the current tile landed
     cutlass::arch::ClusterBarrier q_empty;            // consumers are done with Q's buffer
+    cutlass::arch::ClusterBarrier o_empty;            // O in V's buffer: the O stores have read it
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= kSmemLimit, "tile does not fit in shared memory");

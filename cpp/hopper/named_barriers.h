@@ -10,6 +10,7 @@ namespace flashcute::hopper {
 enum class FwdBarrier : int {
   kMmaTurn0 = 1,       // kMmaTurn0 + c: consumer c may issue its next GEMMs
   kEpilogue0 = 1 + 4,  // kEpilogue0 + c: consumer c's 128 threads around its O tile
+  kLastPvDone = 1 + 8, // all consumers: no WGMMA reads V any more (O is staged in V's buffer)
 };
 
 // Backward: both consumers' dS tiles are in shared memory (256 threads); one consumer's
@@ -45,6 +46,10 @@ struct MmaTurns {
 
 CUTE_DEVICE void epilogue_barrier_sync(int consumer) {
   named_barrier_sync(int(FwdBarrier::kEpilogue0) + consumer, 128);
+}
+
+CUTE_DEVICE void last_pv_done_sync(int consumers) {
+  named_barrier_sync(int(FwdBarrier::kLastPvDone), 128 * consumers);
 }
 
 }  // namespace flashcute::hopper
