@@ -27,6 +27,10 @@ struct FwdTraits {
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kProducerRegs = 24;  // setmaxnreg: what the TMA warpgroup keeps
   static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+  // setmaxnreg only moves registers within the CTA's launch allocation (65536 / kThreads per
+  // thread, rounded down to 8); asking for more than it holds waits forever.
+  static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= (65536 / kThreads) / 8 * 8 * kThreads,
+                "producer + consumer registers exceed the CTA's allocation");
 
   using TileQ = Shape<Int<kRowsPerConsumer>, Int<kHeadDim>>;  // one consumer's Q (and O) rows
   using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
