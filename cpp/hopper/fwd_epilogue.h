@@ -1,6 +1,6 @@
 // Epilogue of a Hopper-path consumer: O (already normalized) goes registers -> shared memory
 // (stmatrix) -> global memory (one TMA store per consumer's 64 rows, clipped at seqlen_q by
-// the tensor map); LSE is written from registers. Where O is staged in K/V's or Q's buffer,
+// the tensor map); LSE is written from registers. Where O is staged in V's or Q's buffer,
 // the epilogue also tells the producer when that buffer may be loaded again.
 #pragma once
 
