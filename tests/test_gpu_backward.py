@@ -132,7 +132,7 @@ def _grid():
     cases = []
     for fwd_backend in FWD_BACKENDS:
         for headdim in BWD_HEAD_DIMS:
-            seqlens = SEQLENS + (LONG if headdim in (64, 128) else [])
+            seqlens = SEQLENS + (LONG if headdim in (64, 128) or headdim in HOPPER_BWD_HEAD_DIMS else [])
             for dtype in BWD_DTYPES:
                 for causal in (False, True):
                     for seqlen_q, seqlen_k in seqlens:

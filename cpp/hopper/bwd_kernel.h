@@ -2,7 +2,8 @@
 // fp32 buffer. One CTA per (key block, batch, kv head) of the current dq_accum chunk.
 //
 // Warpgroup 0 is the producer (registers lowered, one thread issues the loads); warpgroups 1
-// and 2 are the consumers, 64 keys each. Q and dO flow through separate mbarrier pipelines.
+// and 2 are the consumers, 64 keys each, or for wide head dims half of the head dim each.
+// Q and dO flow through separate mbarrier pipelines.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -11,6 +12,7 @@
 #include "hopper/bwd_consumer.h"
 #include "hopper/bwd_params.h"
 #include "hopper/bwd_producer.h"
+#include "hopper/bwd_wide_consumer.h"
 
 namespace flashcute::hopper {
 
@@ -52,7 +54,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (producer_thread) produce_bwd<Traits>(params, storage, pipeline_q, pipeline_do, n_block, kv_head, batch);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
-    consume_bwd<Traits>(params, storage, pipeline_q, pipeline_do, warp_group - 1, n_block, kv_head, batch);
+    if constexpr (Traits::kSplitsHeadDim)
+      consume_bwd_wide<Traits>(params, storage, pipeline_q, pipeline_do, warp_group - 1, n_block, kv_head, batch);
+    else
+      consume_bwd<Traits>(params, storage, pipeline_q, pipeline_do, warp_group - 1, n_block, kv_head, batch);
   }
 #endif
 }

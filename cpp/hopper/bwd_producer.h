@@ -36,7 +36,7 @@ CUTE_DEVICE void produce_bwd(BwdParams<Traits> const& params, typename Traits::S
   auto tma_k = params.tma_k.get_slice(_0{});
   auto tma_v = params.tma_v.get_slice(_0{});
 
-  // K and V: one 64-key tile per consumer.
+  // K and V: kKeyTiles tiles of 64 keys.
   {
     Tensor tKgK = tma_k.partition_S(local_tile(mK(_, _, kv_head, batch), typename Traits::TileKV{}, make_coord(_, _0{})));
     Tensor tVgV = tma_v.partition_S(local_tile(mV(_, _, kv_head, batch), typename Traits::TileKV{}, make_coord(_, _0{})));
@@ -45,9 +45,9 @@ CUTE_DEVICE void produce_bwd(BwdParams<Traits> const& params, typename Traits::S
     storage.kv_full.arrive_and_expect_tx(Traits::kKVBytes);
     auto& barrier = reinterpret_cast<uint64_t&>(storage.kv_full);
     CUTE_UNROLL
-    for (int c = 0; c < Traits::kConsumers; ++c) {
-      copy(params.tma_k.with(barrier), tKgK(_, _, _, n_block * Traits::kConsumers + c), tKsK(_, _, _, c));
-      copy(params.tma_v.with(barrier), tVgV(_, _, _, n_block * Traits::kConsumers + c), tVsV(_, _, _, c));
+    for (int t = 0; t < Traits::kKeyTiles; ++t) {
+      copy(params.tma_k.with(barrier), tKgK(_, _, _, n_block * Traits::kKeyTiles + t), tKsK(_, _, _, t));
+      copy(params.tma_v.with(barrier), tVgV(_, _, _, n_block * Traits::kKeyTiles + t), tVsV(_, _, _, t));
     }
   }
 

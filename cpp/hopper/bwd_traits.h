@@ -37,9 +37,11 @@ struct BwdTraits {
   static constexpr bool kDqSplitCols = kDqSplit == 0;
   static constexpr bool kDqSplitKeys = kDqSplit == 1;
   static constexpr bool kDqSplitRows = kDqSplit == 2;
+  static constexpr bool kSplitsHeadDim = false;  // consumers split the keys (bwd_wide_traits.h: head dim)
   static constexpr int kConsumers = 2;
   static constexpr int kKeysPerConsumer = 64;     // one WGMMA M extent
   static constexpr int kBlockN = kKeysPerConsumer * kConsumers;
+  static constexpr int kKeyTiles = kConsumers;    // 64-key TMA tiles of K and V per CTA
   static constexpr int kBlockM = kBlockM_;        // query rows per block: 64 or 128
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kProducerRegs = 24;
