@@ -212,17 +212,8 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
   cutlass::arch::fence_view_async_shared();
   named_barrier_sync(consumer_barrier, 128);
   if (tid == 0) {
-    Tensor mdK = params.tma_dk.get_tma_tensor(make_shape(args.seqlen_k, kHeadDim, args.nheads_kv, args.batch));
-    Tensor mdV = params.tma_dv.get_tma_tensor(make_shape(args.seqlen_k, kHeadDim, args.nheads_kv, args.batch));
-    const auto tile = make_coord(n_block * Traits::kConsumers + consumer, _0{});
-    Tensor gdK = local_tile(mdK(_, _, kv_head, batch), typename Traits::TileKV{}, tile);
-    Tensor gdV = local_tile(mdV(_, _, kv_head, batch), typename Traits::TileKV{}, tile);
-    auto tma_dk = params.tma_dk.get_slice(_0{});
-    auto tma_dv = params.tma_dv.get_slice(_0{});
-    copy(params.tma_dk, tma_dk.partition_S(sK(_, _, consumer)), tma_dk.partition_D(gdK));
-    copy(params.tma_dv, tma_dv.partition_S(sV(_, _, consumer)), tma_dv.partition_D(gdV));
-    tma_store_arrive();
-    tma_store_wait<0>();  // shared memory must outlive every bulk read of it
+    store_dkv_tile<Traits>(params, sK(_, _, consumer), sV(_, _, consumer), n_block * Traits::kConsumers + consumer,
+                           kv_head, batch);
   }
 }
 

@@ -197,17 +197,7 @@ CUTE_DEVICE void consume_bwd_wide(BwdParams<Traits> const& params, typename Trai
   cutlass::arch::fence_view_async_shared();
   named_barrier_sync(int(BwdBarrier::kDsReady), 128 * Traits::kConsumers);
   if (consumer == 0 && tid == 0) {
-    Tensor mdK = params.tma_dk.get_tma_tensor(make_shape(args.seqlen_k, kHeadDim, args.nheads_kv, args.batch));
-    Tensor mdV = params.tma_dv.get_tma_tensor(make_shape(args.seqlen_k, kHeadDim, args.nheads_kv, args.batch));
-    const auto tile = make_coord(n_block, _0{});
-    Tensor gdK = local_tile(mdK(_, _, kv_head, batch), typename Traits::TileKV{}, tile);
-    Tensor gdV = local_tile(mdV(_, _, kv_head, batch), typename Traits::TileKV{}, tile);
-    auto tma_dk = params.tma_dk.get_slice(_0{});
-    auto tma_dv = params.tma_dv.get_slice(_0{});
-    copy(params.tma_dk, tma_dk.partition_S(sK(_, _, _0{})), tma_dk.partition_D(gdK));
-    copy(params.tma_dv, tma_dv.partition_S(sV(_, _, _0{})), tma_dv.partition_D(gdV));
-    tma_store_arrive();
-    tma_store_wait<0>();  // shared memory must outlive every bulk read of it
+    store_dkv_tile<Traits>(params, sK(_, _, _0{}), sV(_, _, _0{}), n_block, kv_head, batch);
   }
 }
 

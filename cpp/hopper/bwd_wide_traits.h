@@ -18,6 +18,8 @@
 #include <cutlass/gemm/collective/builders/sm90_common.inl>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "hopper/bwd_tma.h"
+
 namespace flashcute::hopper {
 
 using namespace cute;
@@ -87,13 +89,10 @@ struct BwdWideTraits {
       GMMA::Major::MN, GMMA::Major::MN>()));
   using SmemCopyAtomStore = Copy_Atom<SM90_U32x4_STSM_N, Element>;
 
-  // Global tensors as TMA sees them: (seqlen, hd, heads, batch), unit stride along hd.
-  using GmemLayout = Layout<Shape<int32_t, int32_t, int32_t, int32_t>, Stride<int64_t, _1, int64_t, int64_t>>;
-  using GmemIn = decltype(make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemLayout{}));
-  using GmemOut = decltype(make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), GmemLayout{}));
-  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemIn{}, SmemLayoutQ{}(_, _, _0{}), TileQ{}, _1{}));
-  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemIn{}, SmemLayoutKV{}(_, _, _0{}), TileKV{}, _1{}));
-  using TmaDkv = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemOut{}, SmemLayoutKV{}(_, _, _0{}), TileKV{}, _1{}));
+  using Tma = BwdTmaTypes<Element, decltype(SmemLayoutQ{}(_, _, _0{})), TileQ, decltype(SmemLayoutKV{}(_, _, _0{})), TileKV>;
+  using TmaQ = typename Tma::TmaQ;
+  using TmaKV = typename Tma::TmaKV;
+  using TmaDkv = typename Tma::TmaDkv;
 
   static constexpr int kQElems = cosize_v<SmemLayoutQ>;
   static constexpr int kKVElems = cosize_v<SmemLayoutKV>;
