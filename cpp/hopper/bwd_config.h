@@ -1,8 +1,10 @@
 // Hopper-path backward tiles per head dim: Q/dO pipeline stages, how the two consumers split
-// dQ (0: by head-dim columns, 1: by keys, 2: by query rows; see bwd_traits.h) and query rows
-// per block (64 or 128). 128 keys per CTA.
-// Head dim 256 takes the wide design (bwd_wide_traits.h: 64 keys per CTA, consumers split the
-// head dim): only the stage count is a choice there, the split is 0 and blocks 64.
+// the work, query rows per block (64 or 128) and keys per CTA.
+// Split 0, 1, 2: each consumer owns half of the CTA's 128 keys (dK, dV in registers) and they
+// split dQ by head-dim columns, keys or query rows (bwd_traits.h).
+// Split 3: the wide design (bwd_wide_traits.h): the consumers split the keys for S and dP and
+// the head dim for everything else; 64-row blocks, keys per CTA a multiple of 16. Head dim 256
+// fits only this one.
 // FLASHCUTE_HOPPER_BWD_TILES overrides them for tuning.
 #pragma once
 
@@ -11,42 +13,46 @@
 #include "hopper_bwd_tile_overrides.h"  // generated
 
 #ifndef FLASHCUTE_HOPPER_BWD_TILE_64
-#define FLASHCUTE_HOPPER_BWD_TILE_64 3, 2, 128
+#define FLASHCUTE_HOPPER_BWD_TILE_64 3, 2, 128, 128
 #endif
 #ifndef FLASHCUTE_HOPPER_BWD_TILE_96
-#define FLASHCUTE_HOPPER_BWD_TILE_96 2, 1, 64
+#define FLASHCUTE_HOPPER_BWD_TILE_96 2, 1, 64, 128
 #endif
 #ifndef FLASHCUTE_HOPPER_BWD_TILE_128
-#define FLASHCUTE_HOPPER_BWD_TILE_128 2, 0, 64
+#define FLASHCUTE_HOPPER_BWD_TILE_128 2, 3, 64, 128
 #endif
 #ifndef FLASHCUTE_HOPPER_BWD_TILE_256
-#define FLASHCUTE_HOPPER_BWD_TILE_256 2, 0, 64
+#define FLASHCUTE_HOPPER_BWD_TILE_256 2, 3, 64, 80
 #endif
 
 namespace flashcute::hopper {
 
 template <int kHeadDim> struct BwdTileShape;
-template <int kStages, int kDqSplit, int kBlockM> struct BwdTileValues {
+template <int kStages, int kDqSplit, int kBlockM, int kBlockN> struct BwdTileValues {
   static constexpr int kStages_ = kStages;
   static constexpr int kDqSplit_ = kDqSplit;
   static constexpr int kBlockM_ = kBlockM;
+  static constexpr int kBlockN_ = kBlockN;
 };
 template <> struct BwdTileShape<64> : BwdTileValues<FLASHCUTE_HOPPER_BWD_TILE_64> {};
 template <> struct BwdTileShape<96> : BwdTileValues<FLASHCUTE_HOPPER_BWD_TILE_96> {};
 template <> struct BwdTileShape<128> : BwdTileValues<FLASHCUTE_HOPPER_BWD_TILE_128> {};
 template <> struct BwdTileShape<256> : BwdTileValues<FLASHCUTE_HOPPER_BWD_TILE_256> {};
 
-template <class Element, int kHeadDim, class Shape = BwdTileShape<kHeadDim>>
+constexpr int kBwdSplitHeadDim = 3;
+
+template <class Element, int kHeadDim, class Shape = BwdTileShape<kHeadDim>,
+          bool kWide = Shape::kDqSplit_ == kBwdSplitHeadDim>
 struct BwdTraitsSelect {
+  static_assert(Shape::kBlockN_ == 128, "splits 0-2: 128 keys per CTA");
   using type = BwdTraits<Element, kHeadDim, Shape::kStages_, Shape::kDqSplit_, Shape::kBlockM_>;
 };
-template <class Element, int kHeadDim, class Shape = BwdTileShape<kHeadDim>>
-struct BwdWideTraitsSelect {
-  static_assert(Shape::kDqSplit_ == 0 && Shape::kBlockM_ == 64, "wide head dims: split 0, 64-row blocks");
-  using type = BwdWideTraits<Element, kHeadDim, Shape::kStages_>;
+template <class Element, int kHeadDim, class Shape>
+struct BwdTraitsSelect<Element, kHeadDim, Shape, true> {
+  static_assert(Shape::kBlockM_ == 64, "split 3: 64-row blocks");
+  static_assert(Shape::kBlockN_ % 16 == 0, "split 3: keys per CTA a multiple of 16");
+  using type = BwdWideTraits<Element, kHeadDim, Shape::kStages_, Shape::kBlockN_>;
 };
-template <class Element>
-struct BwdTraitsSelect<Element, 256> : BwdWideTraitsSelect<Element, 256> {};
 
 template <class Element, int kHeadDim>
 using BwdTraitsFor = typename BwdTraitsSelect<Element, kHeadDim>::type;

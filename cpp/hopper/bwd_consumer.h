@@ -13,6 +13,7 @@
 
 #include "fragment_views.h"
 #include "hopper/bwd_params.h"
+#include "hopper/dq_reduce.h"
 #include "hopper/named_barriers.h"
 #include "hopper/wgmma.h"
 #include "mask.h"
@@ -20,15 +21,9 @@
 
 namespace flashcute::hopper {
 
-// Adds four fp32 values to 16 aligned bytes of global memory (one vector reduction).
-CUTE_DEVICE void red_add_f32x4(float* gmem, float a, float b, float c, float d) {
-  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(gmem), "f"(a), "f"(b), "f"(c), "f"(d)
-               : "memory");
-}
-
 template <class Traits>
 CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::SharedStorage& storage,
-                             typename Traits::PipelineQ& pipeline_q, typename Traits::PipelineQ& pipeline_do,
+                             typename Traits::PipelineQ& pipeline_q, typename Traits::PipelineDo& pipeline_do,
                              int consumer, int n_block, int kv_head, int batch) {
   using namespace cute;
   using Element = typename Traits::Element;

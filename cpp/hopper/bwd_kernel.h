@@ -2,7 +2,8 @@
 // fp32 buffer. One CTA per (key block, batch, kv head) of the current dq_accum chunk.
 //
 // Warpgroup 0 is the producer (registers lowered, one thread issues the loads); warpgroups 1
-// and 2 are the consumers, 64 keys each, or for wide head dims half of the head dim each.
+// and 2 are the consumers, 64 keys each, or for wide head dims half of the head dim each
+// (and half of the keys for S and dP).
 // Q and dO flow through separate mbarrier pipelines.
 #pragma once
 
@@ -16,12 +17,24 @@
 
 namespace flashcute::hopper {
 
+// A Q or dO pipeline: each stage is one TMA tile plus the block's lse (row_dot) values.
+template <class Pipeline, class Traits>
+CUTE_DEVICE Pipeline make_bwd_pipeline(typename Pipeline::SharedStorage& storage, int warp_group, bool producer_thread) {
+  typename Pipeline::Params params;
+  params.transaction_bytes = Traits::kStageBytes;
+  params.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+  params.is_leader = producer_thread;
+  params.num_consumers = 128 * Traits::kConsumers;
+  return Pipeline(storage, params, cute::Shape<cute::_1, cute::_1, cute::_1>{});
+}
+
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     bwd_kernel(__grid_constant__ const BwdParams<Traits> params) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace cute;
   using PipelineQ = typename Traits::PipelineQ;
+  using PipelineDo = typename Traits::PipelineDo;
   extern __shared__ __align__(1024) char smem_raw[];
   auto& storage = *reinterpret_cast<typename Traits::SharedStorage*>(smem_raw);
 
@@ -39,13 +52,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
     storage.kv_full.init(1);
   }
-  typename PipelineQ::Params pipeline_params;
-  pipeline_params.transaction_bytes = Traits::kStageBytes;
-  pipeline_params.role = warp_group == 0 ? PipelineQ::ThreadCategory::Producer : PipelineQ::ThreadCategory::Consumer;
-  pipeline_params.is_leader = producer_thread;
-  pipeline_params.num_consumers = 128 * Traits::kConsumers;
-  PipelineQ pipeline_q(storage.pipeline_q, pipeline_params, Shape<_1, _1, _1>{});
-  PipelineQ pipeline_do(storage.pipeline_do, pipeline_params, Shape<_1, _1, _1>{});
+  PipelineQ pipeline_q = make_bwd_pipeline<PipelineQ, Traits>(storage.pipeline_q, warp_group, producer_thread);
+  PipelineDo pipeline_do = make_bwd_pipeline<PipelineDo, Traits>(storage.pipeline_do, warp_group, producer_thread);
   cutlass::arch::fence_barrier_init();
   __syncthreads();
 

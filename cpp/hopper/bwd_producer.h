@@ -15,7 +15,7 @@ namespace flashcute::hopper {
 
 template <class Traits>
 CUTE_DEVICE void produce_bwd(BwdParams<Traits> const& params, typename Traits::SharedStorage& storage,
-                             typename Traits::PipelineQ& pipeline_q, typename Traits::PipelineQ& pipeline_do,
+                             typename Traits::PipelineQ& pipeline_q, typename Traits::PipelineDo& pipeline_do,
                              int n_block, int kv_head, int batch) {
   using namespace cute;
   using PipelineQ = typename Traits::PipelineQ;
@@ -56,11 +56,13 @@ CUTE_DEVICE void produce_bwd(BwdParams<Traits> const& params, typename Traits::S
   const QueryBlockRange range = query_block_range<kBlockM, Traits::kBlockN>(
       n_block * Traits::kBlockN, args.seqlen_q, args.seqlen_k, args.causal);
   auto q_state = cutlass::make_producer_start_state<PipelineQ>();
-  auto do_state = cutlass::make_producer_start_state<PipelineQ>();
+  auto do_state = cutlass::make_producer_start_state<typename Traits::PipelineDo>();
   for (int h = kv_head * args.heads_per_kv; h < (kv_head + 1) * args.heads_per_kv; ++h) {
     Tensor tQgQ = tma_q.partition_S(local_tile(mQ(_, _, h, batch), typename Traits::TileQ{}, make_coord(_, _0{})));
     Tensor tdOgdO = tma_do.partition_S(local_tile(mdO(_, _, h, batch), typename Traits::TileQ{}, make_coord(_, _0{})));
     const int64_t rows = (int64_t(batch) * args.nheads + h) * args.seqlen_q_padded;
+    // Not unrolled: unrolled copies of this loop do not fit in the producer's 24 registers.
+    CUTE_NO_UNROLL
     for (int m = range.begin; m < range.end; ++m) {
       pipeline_q.producer_acquire(q_state);
       uint64_t* q_barrier = pipeline_q.producer_get_barrier(q_state);

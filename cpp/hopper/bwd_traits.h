@@ -112,6 +112,7 @@ struct BwdTraits {
   static constexpr uint32_t kKVBytes = 2 * kBlockN * kHeadDim * sizeof(Element);
 
   using PipelineQ = cutlass::PipelineTmaAsync<kStages>;
+  using PipelineDo = PipelineQ;
 
   struct SharedStorage {
     cute::array_aligned<Element, kQElems, 1024> q;

@@ -1,15 +1,18 @@
-// Tile shapes, shared-memory layouts, MMAs and TMA types of the Hopper-path backward for wide
-// head dims (256), where one consumer cannot hold dK and dV of 64 keys in registers
-// (64 keys × 256 columns × 2 = 256 fp32 registers per thread).
+// Tile shapes, shared-memory layouts, MMAs and TMA types of the Hopper-path backward that
+// splits the head dim (hd 128 and 256). At hd 256 one consumer cannot hold dK and dV of 64 keys
+// in registers (64 keys × 256 columns × 2 = 256 fp32 registers per thread); at hd 128 this
+// design measured faster than the key split of bwd_traits.h.
 //
-// A CTA owns kBlockN = 64 keys; the two consumer warpgroups split the head dim instead of the
-// keys: consumer c holds dK and dV columns [c·hd/2, (c+1)·hd/2). Per query block of 64 rows:
-//   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ      64 keys × 32 query rows each (consumer c: rows 32c..32c+31)
-//   Pᵀ, dSᵀ -> shared memory     both consumers' halves make the block's 64 × 64 tiles
-//   dV += Pᵀ·dO, dK += dSᵀ·Q     64 keys × hd/2, every operand from shared memory
-//   dQ(partial) = dS·K           64 rows × hd/2 (the consumer's columns), added to dq_accum
+// A CTA owns kBlockN keys (hd 256: 80, hd 128: 128); the two consumer warpgroups split the keys for
+// S and dP and the head dim for everything else. Per query block of 64 rows:
+//   S = Q·Kᵀ, dP = dO·Vᵀ        64 rows × kBlockN/2 keys each (consumer c: its half of the keys)
+//   P, dS -> shared memory       both consumers' halves make the block's 64 × kBlockN tiles
+//   dVᵀ += dOᵀ·P, dKᵀ += Qᵀ·dS   hd/2 × kBlockN: the head dim is the M extent, so a key count
+//                                that is not a multiple of 64 still makes valid WGMMAs
+//   dQ(partial) = dS·K           64 rows × hd/2, in 64-column chunks, added to dq_accum
 // so every GEMM is done once per CTA; the price is one named barrier per block and P, dS
-// written to shared memory.
+// written to shared memory. More keys per CTA means fewer dQ partials: their reduction in
+// L2 is what bounds this kernel (80 keys: 0.8× the bytes of 64).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -24,70 +27,90 @@ namespace flashcute::hopper {
 
 using namespace cute;
 
-template <class Element_, int kHeadDim_, int kStages_>
+template <class Element_, int kHeadDim_, int kStages_, int kBlockN_>
 struct BwdWideTraits {
   using Element = Element_;
   static constexpr bool kSplitsHeadDim = true;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kStages = kStages_;  // Q (and dO) pipeline stages
+  static constexpr int kStages = kStages_;  // Q pipeline stages
   static constexpr int kConsumers = 2;
-  static constexpr int kBlockN = 64;        // keys per CTA: one WGMMA M extent
+  static constexpr int kBlockN = kBlockN_;  // keys per CTA
   static constexpr int kBlockM = 64;        // query rows per block
-  static constexpr int kKeyTiles = 1;       // 64-key TMA tiles of K and V per CTA
-  static constexpr int kRowsPerConsumer = kBlockM / kConsumers;  // of Sᵀ and dPᵀ
+  static constexpr int kKeyTiles = 1;       // TMA tiles of K and V per CTA
+  static constexpr int kKeysPerConsumer = kBlockN / kConsumers;   // of S and dP
   static constexpr int kColsPerConsumer = kHeadDim / kConsumers;  // of dK, dV and dQ
+  static constexpr int kDqChunkCols = 64;                         // dQ columns per GEMM
+  static constexpr int kDqChunks = kColsPerConsumer / kDqChunkCols;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
 
   // dQ of one query block as a consumer computes it (read back by bwd_convert.h): all rows,
-  // the consumer's columns.
+  // one 64-column chunk per region, region = consumer · kDqChunks + chunk.
   static constexpr bool kDqSplitCols = true;
   static constexpr bool kDqSplitRows = false;
   static constexpr int kDqRows = kBlockM;
-  static constexpr int kDqCols = kColsPerConsumer;
-  static constexpr int kDqRegions = kConsumers;
+  static constexpr int kDqCols = kDqChunkCols;
+  static constexpr int kDqRegions = kConsumers * kDqChunks;
   static constexpr int kDqElems = kDqRows * kDqCols;
 
   using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
   using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
-  using TileSt = Shape<Int<kBlockN>, Int<kRowsPerConsumer>>;   // Sᵀ of one consumer
-  using TileDkv = Shape<Int<kBlockN>, Int<kColsPerConsumer>>;  // dK or dV of one consumer
+  using TileS = Shape<Int<kBlockM>, Int<kKeysPerConsumer>>;     // S of one consumer
+  using TileDkvT = Shape<Int<kColsPerConsumer>, Int<kBlockN>>;  // dKᵀ or dVᵀ of one consumer
   using TileDq = Shape<Int<kDqRows>, Int<kDqCols>>;
 
   // Q and dO: (rows, hd, stage), head-dim-major and swizzled as WGMMA reads them; the (hd, rows,
-  // stage) view is the MN-major B operand of dK += dSᵀ·Q and dV += Pᵀ·dO.
+  // stage) view is the MN-major A operand of dKᵀ += Qᵀ·dS and dVᵀ += dOᵀ·P.
   using SmemAtomQ = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
                              GMMA::Major::K, Element, Int<kBlockM>, Int<kHeadDim>>());
-  using SmemLayoutQ = decltype(tile_to_shape(SmemAtomQ{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
-  using SmemLayoutQt = decltype(composition(
-      SmemLayoutQ{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{}, Step<_2, _1, _3>{})));
-  // K and V: (keys, hd, 1) (the last mode numbers the CTA's 64-key tiles, as the producer and
-  // the launcher expect); (hd, keys, 1) is the MN-major B operand of dQ = dS·K.
+  template <int kN>
+  using SmemLayoutRows = decltype(tile_to_shape(SmemAtomQ{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kN>>{}));
+  template <int kN>
+  using SmemLayoutRowsT = decltype(composition(
+      SmemLayoutRows<kN>{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kN>>{}, Step<_2, _1, _3>{})));
+  // dO gets two stages where they fit, else one: it is released once dV has read it.
+  static constexpr int kBytesWithoutDo = (kStages * kBlockM + 2 * kBlockN) * kHeadDim * int(sizeof(Element)) +
+                                         2 * 2 * kBlockM * kBlockN * int(sizeof(Element));
+  static constexpr int kDoStages =
+      kBytesWithoutDo + 2 * kBlockM * kHeadDim * int(sizeof(Element)) + 4096 <= 227 * 1024 ? 2 : 1;
+  using SmemLayoutQ = SmemLayoutRows<kStages>;
+  using SmemLayoutQt = SmemLayoutRowsT<kStages>;
+  using SmemLayoutDo = SmemLayoutRows<kDoStages>;
+  using SmemLayoutDot = SmemLayoutRowsT<kDoStages>;
+  // K and V: (keys, hd, 1) (the last mode numbers the CTA's key tiles, as the producer and the
+  // launcher expect); (hd, keys, 1) is the MN-major B operand of dQ = dS·K.
   using SmemAtomKV = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
                               GMMA::Major::K, Element, Int<kBlockN>, Int<kHeadDim>>());
   using SmemLayoutKV = decltype(tile_to_shape(SmemAtomKV{}, Shape<Int<kBlockN>, Int<kHeadDim>, _1>{}));
   using SmemLayoutKt = decltype(composition(
       SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, _1>{}, Step<_2, _1, _3>{})));
-  // P and dS: (query rows, keys, buffer), rows contiguous: the MN-major A operand of
-  // dQ = dS·K. The (keys, rows, buffer) view is the K-major A operand of dV and dK, and where
-  // the consumers' Pᵀ/dSᵀ registers land. Two buffers: a consumer writes the next block's
-  // tiles while the other may still read this block's.
-  using SmemAtomPds = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
-                               GMMA::Major::MN, Element, Int<kBlockM>, Int<kBlockN>>());
+  // P and dS: (query rows, keys, buffer), keys contiguous: the K-major A operand of dQ = dS·K
+  // and where the consumers' registers land. The (keys, rows, buffer) view is the MN-major B
+  // operand of dVᵀ and dKᵀ. Two buffers: a consumer writes the next block's tiles while the
+  // other may still read this block's.
+  // Unswizzled 8 × 8 atoms: a consumer's keys need only be a multiple of 8 (40 for hd 256),
+  // stmatrix writes their 128-byte core matrices without bank conflicts, and they measured
+  // faster than the 128-byte swizzle where both fit (hd 128: 1.05-1.07 against 1.03-1.06 x
+  // cuDNN).
+  using SmemAtomPds = GMMA::Layout_K_INTER_Atom<Element>;
   using SmemLayoutPds = decltype(tile_to_shape(SmemAtomPds{}, Shape<Int<kBlockM>, Int<kBlockN>, _2>{}));
   using SmemLayoutPdst = decltype(composition(
       SmemLayoutPds{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, _2>{}, Step<_2, _1, _3>{})));
 
   using TiledMmaSdP = decltype(make_tiled_mma(GMMA::ss_op_selector<
-      Element, Element, float, Shape<Int<kBlockN>, Int<kRowsPerConsumer>, Int<kHeadDim>>>()));
+      Element, Element, float, Shape<Int<kBlockM>, Int<kKeysPerConsumer>, Int<kHeadDim>>>()));
   using TiledMmaDkv = decltype(make_tiled_mma(GMMA::ss_op_selector<
-      Element, Element, float, Shape<Int<kBlockN>, Int<kColsPerConsumer>, Int<kBlockM>>,
-      GMMA::Major::K, GMMA::Major::MN>()));
+      Element, Element, float, Shape<Int<kColsPerConsumer>, Int<kBlockN>, Int<kBlockM>>,
+      GMMA::Major::MN, GMMA::Major::MN>()));
   using TiledMmaDq = decltype(make_tiled_mma(GMMA::ss_op_selector<
       Element, Element, float, Shape<Int<kDqRows>, Int<kDqCols>, Int<kBlockN>>,
-      GMMA::Major::MN, GMMA::Major::MN>()));
-  using SmemCopyAtomStore = Copy_Atom<SM90_U32x4_STSM_N, Element>;
+      GMMA::Major::K, GMMA::Major::MN>()));
+  // stmatrix of P and dS (x4 needs 16 columns per warp and step) and of dKᵀ/dVᵀ, transposed
+  // into K's and V's (keys, hd) tiles.
+  using SmemCopyAtomPds = std::conditional_t<kKeysPerConsumer % 16 == 0, Copy_Atom<SM90_U32x4_STSM_N, Element>,
+                                             Copy_Atom<SM90_U32x2_STSM_N, Element>>;
+  using SmemCopyAtomDkvT = Copy_Atom<SM90_U16x8_STSM_T, Element>;
 
   using Tma = BwdTmaTypes<Element, decltype(SmemLayoutQ{}(_, _, _0{})), TileQ, decltype(SmemLayoutKV{}(_, _, _0{})), TileKV>;
   using TmaQ = typename Tma::TmaQ;
@@ -95,30 +118,33 @@ struct BwdWideTraits {
   using TmaDkv = typename Tma::TmaDkv;
 
   static constexpr int kQElems = cosize_v<SmemLayoutQ>;
+  static constexpr int kDoElems = cosize_v<SmemLayoutDo>;
   static constexpr int kKVElems = cosize_v<SmemLayoutKV>;
   static constexpr int kPdsElems = cosize_v<SmemLayoutPds>;
   static constexpr uint32_t kStageBytes = kBlockM * kHeadDim * sizeof(Element) + kBlockM * sizeof(float);
   static constexpr uint32_t kKVBytes = 2 * kBlockN * kHeadDim * sizeof(Element);
 
   using PipelineQ = cutlass::PipelineTmaAsync<kStages>;
+  using PipelineDo = cutlass::PipelineTmaAsync<kDoStages>;
 
   struct SharedStorage {
     cute::array_aligned<Element, kQElems, 1024> q;
-    cute::array_aligned<Element, kQElems, 1024> dout;
+    cute::array_aligned<Element, kDoElems, 1024> dout;
     cute::array_aligned<Element, kKVElems, 1024> k;
     cute::array_aligned<Element, kKVElems, 1024> v;
     cute::array_aligned<Element, kPdsElems, 1024> p;
     cute::array_aligned<Element, kPdsElems, 1024> ds;
     cute::array_aligned<float, kStages * kBlockM, 128> lse_log2;
-    cute::array_aligned<float, kStages * kBlockM, 128> row_dot;
+    cute::array_aligned<float, kDoStages * kBlockM, 128> row_dot;
     typename PipelineQ::SharedStorage pipeline_q;
-    typename PipelineQ::SharedStorage pipeline_do;
+    typename PipelineDo::SharedStorage pipeline_do;
     cutlass::arch::ClusterTransactionBarrier kv_full;  // K and V landed
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= 227 * 1024, "tile does not fit in shared memory");
   // A consumer's columns are whole swizzle atoms of the head-dim-major tiles (64 elements).
-  static_assert(kColsPerConsumer % 64 == 0, "the head dim must split into 64-column parts");
+  static_assert(kColsPerConsumer % kDqChunkCols == 0, "the head dim must split into 64-column parts");
+  static_assert(kKeysPerConsumer % 8 == 0, "each consumer's keys must be a WGMMA N extent");
 };
 
 }  // namespace flashcute::hopper
