@@ -16,7 +16,7 @@
 namespace flashcute {
 
 constexpr int64_t kBwdRowPadding = 128;       // rows per padded query block
-constexpr int64_t kHopperBwdBlockN = 128;     // keys per Hopper-path dK/dV CTA (wide head dims: fewer)
+constexpr int64_t kHopperBwdBlockN = 128;     // keys per Hopper-path dK/dV CTA (hd 256: fewer)
 constexpr int64_t kHopperBwdChunkCtas = 4096;  // dK/dV CTAs per dq_accum chunk, at least
 
 struct BwdWorkspace {

@@ -1,10 +1,10 @@
-// Consumer warpgroups of the Hopper-path backward for wide head dims (bwd_wide_traits.h): the
-// two consumers split each block's keys for S and dP, exchange P and dS through shared
-// memory, and split the head dim for dV, dK and dQ.
+// Consumer warpgroups of the Hopper-path backward that splits the head dim (bwd_wide_traits.h,
+// hd 128 and 256): the two consumers split each block's keys for S and dP, exchange P and dS
+// through shared memory, and split the head dim for dV, dK and dQ.
 //
 // Order inside a block: S and dP issued together; P, then dS, to shared memory; one barrier
-// for both consumers; then dQ (first chunk), dV, dQ (second chunk), dK, each dQ chunk added
-// to dq_accum while the next GEMM runs, so the tensor cores always have work queued. dO is
+// for both consumers; then dQ (first chunk), dV, dQ (second chunk, hd 256 only), dK, each dQ
+// chunk added to dq_accum while the next GEMM runs, so the tensor cores always have work queued. dO is
 // released as soon as dV has read it (it may have a single stage); Q once dK is done, which
 // is only awaited behind the next block's S.
 #pragma once
