@@ -3,8 +3,8 @@
 // in registers (64 keys × 256 columns × 2 = 256 fp32 registers per thread); at hd 128 this
 // design measured faster than the key split of bwd_traits.h.
 //
-// A CTA owns kBlockN keys (hd 256: 80, hd 128: 128); the two consumer warpgroups split the keys for
-// S and dP and the head dim for everything else. Per query block of 64 rows:
+// A CTA owns kBlockN keys (hd 256: 80, hd 128: 128); the two consumer warpgroups split the
+// keys for S and dP and the head dim for everything else. Per query block of 64 rows:
 //   S = Q·Kᵀ, dP = dO·Vᵀ        64 rows × kBlockN/2 keys each (consumer c: its half of the keys)
 //   P, dS -> shared memory       both consumers' halves make the block's 64 × kBlockN tiles
 //   dVᵀ += dOᵀ·P, dKᵀ += Qᵀ·dS   hd/2 × kBlockN: the head dim is the M extent, so a key count
@@ -69,11 +69,15 @@ struct BwdWideTraits {
   template <int kN>
   using SmemLayoutRowsT = decltype(composition(
       SmemLayoutRows<kN>{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kN>>{}, Step<_2, _1, _3>{})));
-  // dO gets two stages where they fit, else one: it is released once dV has read it.
-  static constexpr int kBytesWithoutDo = (kStages * kBlockM + 2 * kBlockN) * kHeadDim * int(sizeof(Element)) +
-                                         2 * 2 * kBlockM * kBlockN * int(sizeof(Element));
-  static constexpr int kDoStages =
-      kBytesWithoutDo + 2 * kBlockM * kHeadDim * int(sizeof(Element)) + 4096 <= 227 * 1024 ? 2 : 1;
+  // dO gets two stages where they fit, else one (hd 256): it is released once dV has read it.
+  // The estimate counts the tiles (Q stages, K, V, two P and two dS buffers, dO stages) plus
+  // kSmallBytes for the lse/row_dot stages and the barriers; SharedStorage checks the result.
+  static constexpr int kSmemLimit = 227 * 1024;  // bytes per block on sm90
+  static constexpr int kSmallBytes = 4096;
+  static constexpr int kTileBytes = (kStages * kBlockM + 2 * kBlockN) * kHeadDim * int(sizeof(Element)) +
+                                    2 * 2 * kBlockM * kBlockN * int(sizeof(Element));
+  static constexpr int kDoStageBytes = kBlockM * kHeadDim * int(sizeof(Element));
+  static constexpr int kDoStages = kTileBytes + 2 * kDoStageBytes + kSmallBytes <= kSmemLimit ? 2 : 1;
   using SmemLayoutQ = SmemLayoutRows<kStages>;
   using SmemLayoutQt = SmemLayoutRowsT<kStages>;
   using SmemLayoutDo = SmemLayoutRows<kDoStages>;
@@ -141,7 +145,7 @@ struct BwdWideTraits {
     cutlass::arch::ClusterTransactionBarrier kv_full;  // K and V landed
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
-  static_assert(kSmemBytes <= 227 * 1024, "tile does not fit in shared memory");
+  static_assert(kSmemBytes <= kSmemLimit, "tile does not fit in shared memory");
   // A consumer's columns are whole swizzle atoms of the head-dim-major tiles (64 elements).
   static_assert(kColsPerConsumer % kDqChunkCols == 0, "the head dim must split into 64-column parts");
   static_assert(kKeysPerConsumer % 8 == 0, "each consumer's keys must be a WGMMA N extent");
