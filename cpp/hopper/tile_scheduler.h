@@ -8,7 +8,8 @@
 // is a unit of its own; those half units come after all pairs and fill the tail.
 //
 // Units are grouped by (batch, head) so that the CTAs running at once share few K/V heads
-// (their K/V stays in L2); inside a group the order is query-block-major (pair-major).
+// (their K/V stays in L2; the group size is chosen at launch, fwd_launch.h); inside a group
+// the order is query-block-major (pair-major).
 #pragma once
 
 #include <cute/config.hpp>
