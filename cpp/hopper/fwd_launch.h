@@ -24,15 +24,15 @@ auto tma_view(Pointer ptr, int seqlen, int headdim, int heads, int batch, int64_
 }
 
 // (batch, head) pairs per schedule group.
-// - The query tiles cover seqlen_q exactly: one pair per group, so the units run in head order
-//   and the CTAs running at once work on one or two heads, reading each K/V block from DRAM
-//   about once while it sits in L2.
-// - A partial last tile: groups whose K/V fits in about half of L2. Inside a group the order is
-//   query-block-major, so every head's short last tile comes at the end and fills the tail.
-// Measured on H200 (benchmarks/results/README.md): L2-sized groups read 2.5-3x the DRAM bytes
-// of cuDNN at hd 128 (570 vs 201 MB at seqlen 2k) and cost up to 0.10 of the ratio to it.
+// - One, so that the units run in head order and the CTAs running at once work on one or two
+//   heads, reading each K/V block from DRAM about once while it sits in L2. Without causal, a
+//   partial last query tile of every head is moved to the end of the order (TileSchedule).
+// - Causal with a partial last tile: groups whose K/V fits in about half of L2, run
+//   pair-major (measured faster at hd 64, 512/1k).
+// Measured on H200 (benchmarks/results/README.md): L2-sized groups read 2.2-2.8x the DRAM
+// bytes of cuDNN (hd 128, seqlen 2k: 570 vs 201 MB) and cost up to 0.13 of the ratio to it.
 inline int head_group_size(const FwdKernelParams& p, int block_m, int headdim, int element_bytes, int l2_bytes) {
-  if (p.seqlen_q % block_m == 0) return 1;
+  if (!p.causal || p.seqlen_q % block_m == 0) return 1;
   const int64_t kv_bytes = 2ll * std::max(p.seqlen_k, 1) * headdim * element_bytes;
   const int64_t per_query_head = std::max<int64_t>(1, kv_bytes / p.heads_per_kv);
   const int64_t fit = std::max<int64_t>(1, (l2_bytes / 2) / per_query_head);
@@ -121,7 +121,8 @@ Status run_fwd(const FwdKernelParams& p, cudaStream_t stream) {
   if (int64_t(num_m_blocks) * p.nheads * p.batch > std::numeric_limits<int>::max())
     return make_status(StatusCode::kNotSupported, "hopper path: more than 2^31 query tiles");
   const int group_size = head_group_size(p, Traits::kBlockM, kHeadDim, sizeof(Element), l2_bytes);
-  kp.schedule = TileSchedule::make(num_m_blocks, p.nheads, p.batch, group_size, p.causal);
+  const bool partial_last_tile = p.seqlen_q % Traits::kBlockM != 0;
+  kp.schedule = TileSchedule::make(num_m_blocks, p.nheads, p.batch, group_size, p.causal, partial_last_tile);
   const int grid = std::min(kp.schedule.num_units, sm_count);
   kernel<<<grid, Traits::kThreads, kSmem, stream>>>(kp);
   return cuda_status(cudaGetLastError(), "hopper forward launch");

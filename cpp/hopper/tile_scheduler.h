@@ -9,7 +9,8 @@
 //
 // Units are grouped by (batch, head) so that the CTAs running at once share few K/V heads
 // (their K/V stays in L2; the group size is chosen at launch, fwd_launch.h); inside a group
-// the order is query-block-major (pair-major).
+// the order is query-block-major (pair-major). Without pairs, the last query block of every
+// head (a partial tile) can be moved behind all other units, so short tiles fill the tail.
 #pragma once
 
 #include <cute/config.hpp>
@@ -38,21 +39,25 @@ struct TileSchedule {
   int group_size;      // (batch, head) pairs per group
   int num_units;
   bool paired;         // causal: units are (M-1-p, p) pairs of query blocks
+  bool last_block_last;  // not paired: every head's last query block after all the others
 
-  CUTE_HOST_DEVICE static TileSchedule make(int num_m_blocks, int nheads, int batch, int group_size, bool paired) {
+  CUTE_HOST_DEVICE static TileSchedule make(int num_m_blocks, int nheads, int batch, int group_size, bool paired,
+                                            bool last_block_last = false) {
     TileSchedule s{};
     s.num_m_blocks = num_m_blocks;
     s.nheads = nheads;
     s.num_head_batch = nheads * batch;
     s.group_size = group_size;
     s.paired = paired;
+    s.last_block_last = !paired && last_block_last;
     // Paired: floor(M/2) pairs per head, then one middle block per head when M is odd.
     s.num_units = paired ? s.num_head_batch * ((num_m_blocks + 1) / 2) : s.num_head_batch * num_m_blocks;
     return s;
   }
 
   CUTE_HOST_DEVICE FwdUnit unit(int index) const {
-    const int ranks = paired ? num_m_blocks / 2 : num_m_blocks;  // units per head before the halves
+    // Units per head before the tail (paired: the middle blocks; else the last blocks, if asked).
+    const int ranks = paired ? num_m_blocks / 2 : num_m_blocks - (last_block_last ? 1 : 0);
     const int grouped_units = num_head_batch * ranks;
     int rank, head_batch;
     if (index < grouped_units) {
@@ -63,7 +68,7 @@ struct TileSchedule {
       const int heads_in_group = num_head_batch - first < group_size ? num_head_batch - first : group_size;
       rank = in_group / heads_in_group;
       head_batch = first + in_group - rank * heads_in_group;
-    } else {  // paired, M odd: the middle block of head `index - grouped_units`
+    } else {  // the tail: the middle block (paired, M odd) or the last block of head `index - grouped_units`
       rank = ranks;
       head_batch = index - grouped_units;
     }
