@@ -328,12 +328,14 @@ def test_hopper_head_dims_and_fallback(gen):
 
 @pytest.mark.parametrize("backend, headdim, dtype", _per_backend())
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("batch, seqlen_q, seqlen_k", [(3, 1500, 1700), (3, 1700, 1500), (2, 2100, 2100)])
+@pytest.mark.parametrize("batch, seqlen_q, seqlen_k",
+                         [(3, 1500, 1700), (3, 1700, 1500), (2, 2100, 2100), (3, 1536, 1536)])
 def test_many_tiles_per_cta(gen, backend, headdim, dtype, causal, batch, seqlen_q, seqlen_k):
     """More query tiles than SMs several times over: the persistent Hopper kernel reuses its
     Q/O buffers and pipeline phases across tiles (GQA, seqlen_q != seqlen_k, ragged tails).
     With causal masking it runs tiles in pairs; 2100 rows make an odd number of query blocks
-    for 128- and 192-row tiles, so the unpaired middle blocks run too."""
+    for 128- and 192-row tiles, so the unpaired middle blocks run too. Ragged tails move every
+    head's last tile to the end of the order; 1536 rows fill 128- and 192-row tiles exactly."""
     q, k, v = make_qkv(gen, batch, seqlen_q, seqlen_k, 12, 4, headdim, dtype)
     run_checked(q, k, v, causal=causal, backend=backend)
 
