@@ -4,7 +4,7 @@
 // "BlockM, BlockN, Warps, WarpsMSdP, WarpsNdKV, QStages" (see bwd_traits.h).
 // FLASHCUTE_AMPERE_BWD_TILES="128=64,128,8,2,4,2;..." overrides sm90 entries for measurements.
 // sm90 entries as measured on an H200 (benchmarks/results/README.md); every kernel is at the
-// 255-register cap, some with a few spilled bytes (checked by benchmarks/check_sass.sh).
+// 255-register cap, without local memory (checked by benchmarks/check_sass.sh).
 #pragma once
 
 #include <utility>

@@ -176,13 +176,23 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params) {
       // Per row: lse in log2 units (+inf where no P may survive: rows past seqlen_q, rows that
       // saw no key) and rowsum(dO∘O).
       float lse_log2[kRows], row_dot[kRows];
+      auto read_row_dot = [&] {
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          const int row = thread_row + get<0>(score_offsets_rc(r, 0));
+          row_dot[r] = row < seqlen_q ? row_dot_base[row] : 0.f;
+        }
+      };
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
         const int row = thread_row + get<0>(score_offsets_rc(r, 0));
         const float lse = row < seqlen_q ? lse_base[row] : INFINITY;
         lse_log2[r] = lse == -INFINITY ? INFINITY : lse * kLog2e;
-        row_dot[r] = row < seqlen_q ? row_dot_base[row] : 0.f;
       }
+      // Where the kernel sits at the register cap, when rowsum(dO∘O) is read decides whether
+      // ptxas spills: with 64 scores per thread (hd 64's 128 x 128 tile) after S, else before.
+      constexpr bool kRowDotAfterS = kBlockM * kBlockN / Traits::kNThreads > 32;
+      if constexpr (!kRowDotAfterS) read_row_dot();
 
       Tensor sQ = make_tensor(make_smem_ptr(smem_q(stage)), typename Traits::SmemLayoutQ{});
       Tensor sdO = make_tensor(make_smem_ptr(smem_do(stage)), typename Traits::SmemLayoutQ{});
@@ -200,6 +210,14 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params) {
           acc_s_rc(r, c) = fast_exp2(fmaf(acc_s_rc(r, c), scale_log2, -lse_log2[r]));
       }
 
+      // P goes to shared memory now. dS needs it again after dP = dO·Vᵀ: it waits as fp16
+      // pairs, half the registers of fp32 (which spilled at the 255-register cap). P is in
+      // [0, 1], so fp16 keeps it to 2^-11 relative, finer than dS's own rounding to Element.
+      copy(copy_p, thr_copy_p.retile_S(convert_fragment<Element>(acc_s)), tPsP);
+      Tensor p_half = convert_fragment<cutlass::half_t>(acc_s);
+      Tensor p_half_rc = rowcol_view(p_half);
+      if constexpr (kRowDotAfterS) read_row_dot();
+
       Tensor acc_dp = partition_fragment_C(mma_sdp, TileS{});
       clear(acc_dp);
       gemm_from_smem<false, FLASHCUTE_AMPERE_BWD_LOOKAHEAD != 0>(acc_dp, tSrQ, tSrK, thr_copy_a_sdp.partition_S(sdO), thr_copy_a_sdp.retile_D(tSrQ),
@@ -209,10 +227,9 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params) {
       for (int r = 0; r < kRows; ++r) {
         CUTE_UNROLL
         for (int c = 0; c < size<1>(acc_dp_rc); ++c)
-          acc_dp_rc(r, c) = acc_s_rc(r, c) * (acc_dp_rc(r, c) - row_dot[r]);
+          acc_dp_rc(r, c) = float(p_half_rc(r, c)) * (acc_dp_rc(r, c) - row_dot[r]);
       }
 
-      copy(copy_p, thr_copy_p.retile_S(convert_fragment<Element>(acc_s)), tPsP);
       copy(copy_p, thr_copy_p.retile_S(convert_fragment<Element>(acc_dp)), tPsdS);
       __syncthreads();  // P and dS visible to every warp
 
