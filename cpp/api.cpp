@@ -118,10 +118,12 @@ FwdKernelParams kernel_params(const AttentionForwardParams& p) {
   return k;
 }
 
-// The backward's workspace for the path that runs it (bwd_workspace.h).
+// The backward's workspace for the path that runs it (bwd_workspace.h): both paths add dQ
+// into an fp32 accumulator, except the Ampere path's deterministic design.
 BwdWorkspace workspace_layout(const AttentionBackwardParams& p, Backend resolved) {
+  const bool hopper = resolved == Backend::kHopper;
   return bwd_workspace(p.batch, p.nheads, p.nheads_kv, p.seqlen_q, p.seqlen_k, p.headdim,
-                       resolved == Backend::kHopper);
+                       /*lse_log2=*/hopper, /*dq_accum=*/hopper || !p.deterministic);
 }
 
 Status check_backward(const AttentionBackwardParams& p) {
@@ -176,10 +178,8 @@ BwdKernelParams kernel_params(const AttentionBackwardParams& p, Backend resolved
   char* base = static_cast<char*>(p.workspace);
   k.seqlen_q_padded = static_cast<int>(workspace.rows_padded);
   k.row_dot = reinterpret_cast<float*>(base + workspace.row_dot_offset);
-  if (resolved == Backend::kHopper) {
-    k.lse_log2 = reinterpret_cast<float*>(base + workspace.lse_log2_offset);
-    k.dq_accum = reinterpret_cast<float*>(base + workspace.dq_accum_offset);
-  }
+  if (workspace.has_lse_log2) k.lse_log2 = reinterpret_cast<float*>(base + workspace.lse_log2_offset);
+  if (workspace.has_dq_accum) k.dq_accum = reinterpret_cast<float*>(base + workspace.dq_accum_offset);
   k.q_batch_stride = p.q_batch_stride, k.q_row_stride = p.q_row_stride, k.q_head_stride = p.q_head_stride;
   k.k_batch_stride = p.k_batch_stride, k.k_row_stride = p.k_row_stride, k.k_head_stride = p.k_head_stride;
   k.v_batch_stride = p.v_batch_stride, k.v_row_stride = p.v_row_stride, k.v_head_stride = p.v_head_stride;

@@ -29,7 +29,8 @@ struct FwdKernelParams {
 
 // Backward: dQ, dK, dV from dO, the forward's inputs, its output and its LSE. The workspace
 // holds rowsum(dO∘O) (row_dot) per (batch, head), padded to seqlen_q_padded rows; the Hopper
-// path adds the LSE in log2 units and an fp32 dQ accumulator (see bwd_workspace.h).
+// path adds the LSE in log2 units, and both paths an fp32 dQ accumulator unless the call is
+// deterministic (see bwd_workspace.h).
 struct BwdKernelParams {
   const void* __restrict__ q;
   const void* __restrict__ k;
@@ -42,7 +43,7 @@ struct BwdKernelParams {
   void* __restrict__ dv;
   float* __restrict__ row_dot;   // (batch, nheads, seqlen_q_padded)
   float* __restrict__ lse_log2;  // like row_dot, or null; +inf on rows no key may reach
-  float* __restrict__ dq_accum;  // Hopper path only
+  float* __restrict__ dq_accum;  // null: the Ampere path's deterministic design
 
   int64_t q_batch_stride, q_row_stride, q_head_stride;
   int64_t k_batch_stride, k_row_stride, k_head_stride;

@@ -1,4 +1,4 @@
-// Ampere-path attention backward, main kernel: dK and dV of one key block.
+// Ampere-path attention backward, main kernel: dK and dV of one key block, and its part of dQ.
 //
 // One CTA owns kBlockN keys of one (batch, kv head); K and V stay in shared memory while the
 // CTA walks every query block of every query head in the GQA group, so dK and dV (registers,
@@ -6,9 +6,13 @@
 // forward's LSE (never stored):
 //   S = Q·Kᵀ, P = exp(scale·S - lse), dP = dO·Vᵀ, dS = P∘(dP - rowsum(dO∘O))
 //   dV += Pᵀ·dO, dK += dSᵀ·Q (scaled once at the end).
-// dQ comes from its own pass over query blocks (bwd_dq_kernel.h): adding dS·K from every key
-// block into a shared fp32 buffer with atomics measured slower than recomputing S and dP
-// there (and would not be reproducible).
+// dQ, two designs:
+// - kAddDq: this key block's dS·K is added into the fp32 dq_accum with vector reductions
+//   (four values per instruction on sm90) while dK's GEMM runs; a last pass converts it
+//   (bwd_dq_convert.h). Five GEMMs per block pair.
+// - otherwise (deterministic calls): dQ comes from its own pass over query blocks
+//   (bwd_dq_kernel.h), which recomputes S and dP: seven GEMMs per block pair, but every
+//   gradient summed in a fixed order.
 // Query blocks that cross the causal diagonal or meet the seqlen_k tail come first; the rest
 // skip the mask with one warp-uniform branch. (The loop body is written out, not a lambda: a
 // lambda too large to inline would put the by-reference accumulators in local memory.)
@@ -19,6 +23,7 @@
 
 #include "ampere/bwd_config.h"
 #include "ampere/smem_gemm.h"
+#include "dq_reduce.h"
 #include "fragment_views.h"
 #include "kernel_params.h"
 #include "mask.h"
@@ -31,8 +36,8 @@
 
 namespace flashcute::ampere {
 
-template <class Traits>
-CUTE_DEVICE void bwd_block(const BwdKernelParams& params) {
+template <class Traits, bool kAddDq>
+CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   using namespace cute;
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
@@ -52,8 +57,11 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params) {
 
   const int tid = threadIdx.x;
   const int n_block = blockIdx.x;  // causal: low key blocks meet the most rows and start first
-  const int kv_head = blockIdx.y;
-  const int batch = blockIdx.z;
+  // With kAddDq the grid's second dimension walks the chunk's (batch, kv head) pairs (its
+  // dq_accum slots); without, it is the kv head and the third the batch.
+  const int pair = kAddDq ? pair_begin + blockIdx.y : 0;
+  const int batch = kAddDq ? pair / params.nheads_kv : blockIdx.z;
+  const int kv_head = kAddDq ? pair % params.nheads_kv : blockIdx.y;
   const int n0 = n_block * kBlockN;
   const int seqlen_q = params.seqlen_q;
   const int seqlen_k = params.seqlen_k;
@@ -132,6 +140,18 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params) {
   clear(acc_dk);
   clear(acc_dv);
 
+  // dQ part = dS·K: dS read as stored, Kᵀ by transposed ldmatrix.
+  typename Traits::TiledMmadQ mma_dq;
+  auto thr_dq = mma_dq.get_thread_slice(tid);
+  auto copy_a_dq = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, mma_dq);
+  auto copy_b_dq = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, mma_dq);
+  auto thr_copy_a_dq = copy_a_dq.get_thread_slice(tid);
+  auto thr_copy_b_dq = copy_b_dq.get_thread_slice(tid);
+  Tensor sdS = make_tensor(make_smem_ptr(smem_ds), typename Traits::SmemLayoutP{});
+  Tensor sKt = make_tensor(make_smem_ptr(smem), typename Traits::SmemLayoutKt{});
+  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
+  Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);
+
   // P and dS registers -> shared memory.
   auto copy_p = make_tiled_copy_C(typename Traits::SmemCopyAtomStore{}, mma_sdp);
   auto thr_copy_p = copy_p.get_thread_slice(tid);
@@ -190,8 +210,9 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params) {
         lse_log2[r] = lse == -INFINITY ? INFINITY : lse * kLog2e;
       }
       // Where the kernel sits at the register cap, when rowsum(dO∘O) is read decides whether
-      // ptxas spills: with 64 scores per thread (hd 64's 128 x 128 tile) after S, else before.
-      constexpr bool kRowDotAfterS = kBlockM * kBlockN / Traits::kNThreads > 32;
+      // ptxas spills: with 64 scores per thread (hd 64's 128 x 128 tile) and no dQ GEMM after
+      // S, else before (each placement measured spill-free).
+      constexpr bool kRowDotAfterS = !kAddDq && kBlockM * kBlockN / Traits::kNThreads > 32;
       if constexpr (!kRowDotAfterS) read_row_dot();
 
       Tensor sQ = make_tensor(make_smem_ptr(smem_q(stage)), typename Traits::SmemLayoutQ{});
@@ -238,6 +259,21 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params) {
       gemm_from_smem<false, FLASHCUTE_AMPERE_BWD_LOOKAHEAD != 0>(acc_dv, tdKVrPt, tdKVrQt, thr_copy_a_dkv.partition_S(sPt),
                                    thr_copy_a_dkv.retile_D(tdKVrPt), thr_copy_b_dkv.partition_S(sdOt),
                                    thr_copy_b_dkv.retile_D(tdKVrQt), mma_dkv, copy_a_dkv, copy_b_dkv);
+      if constexpr (kAddDq) {
+        Tensor acc_dq = partition_fragment_C(mma_dq, TileQ{});
+        clear(acc_dq);
+        gemm_from_smem<false, FLASHCUTE_AMPERE_BWD_LOOKAHEAD != 0>(acc_dq, tdQrdS, tdQrKt, thr_copy_a_dq.partition_S(sdS),
+                                     thr_copy_a_dq.retile_D(tdQrdS), thr_copy_b_dq.partition_S(sKt),
+                                     thr_copy_b_dq.retile_D(tdQrKt), mma_dq, copy_a_dq, copy_b_dq);
+        // Into dq_accum in register order, each warp's 512 bytes contiguous (fire and forget:
+        // the dK GEMM below runs while they drain). Rows past seqlen_q add zeros into padding.
+        const int slot = (pair - pair_begin) * params.heads_per_kv + (h - head_first);
+        float* dst = params.dq_accum + (int64_t(slot) * params.seqlen_q_padded + row0) * kHeadDim + tid * 4;
+        static_assert(size(decltype(acc_dq){}) % 4 == 0);
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_dq); i += 4)
+          red_add_f32x4(dst + i * Traits::kNThreads, acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
+      }
       gemm_from_smem<false, FLASHCUTE_AMPERE_BWD_LOOKAHEAD != 0>(acc_dk, tdKVrPt, tdKVrQt, thr_copy_a_dkv.partition_S(sdSt),
                                    thr_copy_a_dkv.retile_D(tdKVrPt), thr_copy_b_dkv.partition_S(sQt),
                                    thr_copy_b_dkv.retile_D(tdKVrQt), mma_dkv, copy_a_dkv, copy_b_dkv);
@@ -290,14 +326,15 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params) {
   }
 }
 
-// One kernel symbol per (dtype, head dim); tile shapes follow the code generation it was
-// compiled for (see bwd_config.h).
-template <class Element, int kHeadDim>
+// One kernel symbol per (dtype, head dim, dQ design); tile shapes follow the code generation
+// it was compiled for (see bwd_config.h).
+template <class Element, int kHeadDim, bool kAddDq>
 __global__ void __launch_bounds__(
     BwdTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type::kNThreads, 1)
-    bwd_kernel(__grid_constant__ const BwdKernelParams params) {
+    bwd_kernel(__grid_constant__ const BwdKernelParams params, int pair_begin) {
 #if defined(__CUDA_ARCH__)
-  bwd_block<typename BwdTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type>(params);
+  bwd_block<typename BwdTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type, kAddDq>(params,
+                                                                                                 pair_begin);
 #endif
 }
 

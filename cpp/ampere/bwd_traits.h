@@ -2,10 +2,12 @@
 //
 // A CTA owns kBlockN keys of one (batch, kv head) and walks the query rows kBlockM at a time,
 // over every query head of the GQA group. Per query block it runs four GEMMs, each pair with
-// its own warp arrangement (so register tiles stay small for every head dim):
+// its own warp arrangement (so register tiles stay small for every head dim), and a fifth
+// unless the call is deterministic:
 //   S  = Q·Kᵀ,  dP = dO·Vᵀ   (kBlockM × kBlockN)   warps kWarpsMSdP × rest
 //   dV += Pᵀ·dO, dK += dSᵀ·Q  (kBlockN × headdim)   warps kWarpsNdKV × rest
-// P and dS go through shared memory, which gives the transposed operands of the last two.
+//   dQ part = dS·K           (kBlockM × headdim)   warps kWarpsMdQ × rest
+// P and dS go through shared memory, which gives the transposed operands of dV and dK.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -41,6 +43,22 @@ struct BwdTraits {
   static_assert(kBlockM % (16 * kWarpsMSdP_) == 0 && kBlockN % (16 * (kNWarps / kWarpsMSdP_)) == 0);
   static_assert(kBlockN % (16 * kWarpsNdKV_) == 0 && kHeadDim % (16 * (kNWarps / kWarpsNdKV_)) == 0);
 
+  // dQ's warps: of the splits that tile kBlockM × headdim, the one whose warp tile is closest
+  // to square (fewest shared-memory reads per MMA), the taller one on a tie.
+  static constexpr int dq_warps_m() {
+    int best = 0, best_skew = 0;
+    for (int warps_m = kNWarps; warps_m >= 1; warps_m /= 2) {
+      const int rows = kBlockM / warps_m, cols = kHeadDim / (kNWarps / warps_m);
+      if (kBlockM % (16 * warps_m) != 0 || kHeadDim % (16 * (kNWarps / warps_m)) != 0) continue;
+      const int skew = rows > cols ? rows / cols : cols / rows;
+      if (best == 0 || skew < best_skew) best = warps_m, best_skew = skew;
+    }
+    return best;
+  }
+  static constexpr int kWarpsMdQ = dq_warps_m();
+  static_assert(kWarpsMdQ > 0, "no warp split tiles dQ");
+  using TiledMmadQ = TiledMmaWith<kWarpsMdQ>;
+
   // Swizzled rows of 64 (or 32) elements, as in the forward: conflict-free 16-byte cp.async
   // writes and ldmatrix reads, plain or transposed.
   template <int kRowElems>
@@ -62,6 +80,7 @@ struct BwdTraits {
       SwizzleAtom<kPRowElems>{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>{}));
   using SmemLayoutQt = Transposed<SmemLayoutQ, kBlockM, kHeadDim>;   // (headdim, rows): Qᵀ, dOᵀ
   using SmemLayoutPt = Transposed<SmemLayoutP, kBlockM, kBlockN>;    // (keys, rows): Pᵀ, dSᵀ
+  using SmemLayoutKt = Transposed<SmemLayoutKV, kBlockN, kHeadDim>;  // (headdim, keys): Kᵀ
 
   // Shared memory: [K][V][Q stages][dO stages][P][dS]; dK and dV are staged in K/V's place.
   static constexpr int kQElems = cute::cosize_v<SmemLayoutQ>;
@@ -92,6 +111,15 @@ struct BwdTraits {
   using SmemCopyAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, Element>;
   using SmemCopyAtomTransposed = cute::Copy_Atom<cute::SM75_U16x8_LDSM_T, Element>;
   using SmemCopyAtomStore = cute::Copy_Atom<cute::AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
+
+  // dq_accum's order, for bwd_dq_convert.h: a query block's partial is one region, in the
+  // register order of TiledMmaDq over all threads (thread t's values i..i+3 at i·kNThreads + 4t).
+  using TiledMmaDq = TiledMmadQ;
+  using TileDq = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>;
+  static constexpr int kDqRegions = 1;
+  static constexpr int kDqRegionThreads = kNThreads;
+  static constexpr int kDqRows = kBlockM, kDqCols = kHeadDim, kDqElems = kBlockM * kHeadDim;
+  static constexpr bool kDqSplitRows = false, kDqSplitCols = false;
 };
 
 }  // namespace flashcute::ampere

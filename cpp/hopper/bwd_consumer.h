@@ -13,7 +13,7 @@
 
 #include "fragment_views.h"
 #include "hopper/bwd_params.h"
-#include "hopper/dq_reduce.h"
+#include "dq_reduce.h"
 #include "hopper/named_barriers.h"
 #include "hopper/wgmma.h"
 #include "mask.h"
@@ -178,7 +178,7 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
       buffer ^= 1;
 
       // dQ partial -> dq_accum straight from registers: four values per thread and vector
-      // reduction, the warp's 512 bytes contiguous (bwd_convert.h undoes the order). Measured
+      // reduction, the warp's 512 bytes contiguous (bwd_dq_convert.h undoes the order). Measured
       // 0-6% faster than staging through shared memory for one bulk reduce-add.
       {
         static_assert(size(decltype(acc_dq){}) % 4 == 0);

@@ -9,10 +9,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include "bwd_dq_convert.h"
 #include "bwd_rowwise.h"
 #include "bwd_workspace.h"
 #include "hopper/bwd_config.h"
-#include "hopper/bwd_convert.h"
 #include "hopper/bwd_kernel.h"
 #include "hopper/fwd_launch.h"  // tma_view
 #include "launch_status.h"
@@ -57,7 +57,7 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
   }
 
   const BwdWorkspace workspace = bwd_workspace(p.batch, p.nheads, p.nheads_kv, p.seqlen_q, p.seqlen_k,
-                                               kHeadDim, /*hopper=*/true);
+                                               kHeadDim, /*lse_log2=*/true, /*dq_accum=*/true);
   if (p.seqlen_q > 0) {
     using Rows = RowwiseShape<kHeadDim>;
     const dim3 rows_grid((p.seqlen_q_padded + Rows::kRowsPerBlock - 1) / Rows::kRowsPerBlock, p.nheads, p.batch);
@@ -120,8 +120,8 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
     kp.pair_begin = pair_begin;
     if (p.seqlen_k > 0) kernel<<<dim3(key_blocks, count), Traits::kThreads, kSmem, stream>>>(kp);
     if (p.seqlen_q > 0)
-      bwd_convert_dq_kernel<Traits><<<dim3(query_blocks, count * p.heads_per_kv), 128 * Traits::kDqRegions, 0,
-                                      stream>>>(p, pair_begin);
+      bwd_convert_dq_kernel<Traits><<<dim3(query_blocks, count * p.heads_per_kv),
+                                      Traits::kDqRegionThreads * Traits::kDqRegions, 0, stream>>>(p, pair_begin);
   }
   return cuda_status(cudaGetLastError(), "hopper backward launch");
 }

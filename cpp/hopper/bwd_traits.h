@@ -54,6 +54,7 @@ struct BwdTraits {
   static constexpr int kDqCols = kDqSplitCols ? kHeadDim / kConsumers : kHeadDim;
   static constexpr int kDqRegions = kDqSplitKeys ? 1 : kConsumers;  // distinct parts of the block
   static constexpr int kDqElems = kDqRows * kDqCols;  // one consumer's partial, fp32
+  static constexpr int kDqRegionThreads = 128;        // a consumer warpgroup per region
 
   using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
   using TileKV = Shape<Int<kKeysPerConsumer>, Int<kHeadDim>>;  // one consumer's keys

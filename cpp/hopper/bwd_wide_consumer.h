@@ -14,7 +14,7 @@
 
 #include "fragment_views.h"
 #include "hopper/bwd_params.h"
-#include "hopper/dq_reduce.h"
+#include "dq_reduce.h"
 #include "hopper/named_barriers.h"
 #include "hopper/wgmma.h"
 #include "mask.h"

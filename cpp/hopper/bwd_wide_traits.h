@@ -45,7 +45,7 @@ struct BwdWideTraits {
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
 
-  // dQ of one query block as a consumer computes it (read back by bwd_convert.h): all rows,
+  // dQ of one query block as a consumer computes it (read back by bwd_dq_convert.h): all rows,
   // one 64-column chunk per region, region = consumer · kDqChunks + chunk.
   static constexpr bool kDqSplitCols = true;
   static constexpr bool kDqSplitRows = false;
@@ -53,6 +53,7 @@ struct BwdWideTraits {
   static constexpr int kDqCols = kDqChunkCols;
   static constexpr int kDqRegions = kConsumers * kDqChunks;
   static constexpr int kDqElems = kDqRows * kDqCols;
+  static constexpr int kDqRegionThreads = 128;
 
   using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
   using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;

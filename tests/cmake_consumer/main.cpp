@@ -42,9 +42,10 @@ int main() {
   }
   std::printf("invalid call rejected: %s\n", status.message);
 
-  // The backward: 16 queries × 2 heads need 128 padded rows × 2 heads of fp32 row sums on the
-  // Ampere path; the Hopper path adds lse_log2 rows and a 128 × 64 fp32 dQ accumulator per
-  // head. A call without pointers is rejected.
+  // The backward: 16 queries × 2 heads need 128 padded rows × 2 heads of fp32 row sums; both
+  // paths add a 128 × 64 fp32 dQ accumulator per head, the Hopper path also lse_log2 rows.
+  // deterministic=true runs the Ampere path's atomic-free design, which needs the row sums
+  // only. A call without pointers is rejected.
   flashcute::AttentionBackwardParams bwd;
   bwd.batch = 1;
   bwd.seqlen_q = 16;
@@ -55,18 +56,24 @@ int main() {
   bwd.softmax_scale = 0.125f;
   const bool hopper_bwd = std::strstr(info.hopper_backward_head_dims, "64") != nullptr &&
                           std::strstr(info.hopper_dtypes, "float16") != nullptr;
-  const size_t ampere_bytes = 128 * 2 * sizeof(float);
-  const size_t hopper_bytes = hopper_bwd ? 2 * ampere_bytes + 2 * 128 * 64 * sizeof(float) : ampere_bytes;
-  size_t workspace_bytes = 0, hopper_workspace_bytes = 0;
+  const size_t rows_bytes = 128 * 2 * sizeof(float);
+  const size_t accum_bytes = 2 * 128 * 64 * sizeof(float);
+  const size_t ampere_bytes = rows_bytes + accum_bytes;
+  const size_t hopper_bytes = hopper_bwd ? 2 * rows_bytes + accum_bytes : ampere_bytes;
+  size_t workspace_bytes = 0, hopper_workspace_bytes = 0, deterministic_bytes = 0;
   const flashcute::Status sized =
       flashcute::attention_backward_workspace_size(bwd, &workspace_bytes, flashcute::Backend::kAmpere);
   const flashcute::Status hopper_sized =
       flashcute::attention_backward_workspace_size(bwd, &hopper_workspace_bytes, flashcute::Backend::kHopper);
+  bwd.deterministic = true;
+  const flashcute::Status deterministic_sized =
+      flashcute::attention_backward_workspace_size(bwd, &deterministic_bytes, flashcute::Backend::kAmpere);
+  bwd.deterministic = false;
   if (!sized.ok() || workspace_bytes != ampere_bytes || !hopper_sized.ok() ||
-      hopper_workspace_bytes != hopper_bytes) {
-    std::printf("FAIL: workspace sizes %zu / %zu (expected %zu / %zu), status %d: '%s'\n",
-                workspace_bytes, hopper_workspace_bytes, ampere_bytes, hopper_bytes,
-                static_cast<int>(sized.code), sized.message);
+      hopper_workspace_bytes != hopper_bytes || !deterministic_sized.ok() || deterministic_bytes != rows_bytes) {
+    std::printf("FAIL: workspace sizes %zu / %zu / %zu (expected %zu / %zu / %zu), status %d: '%s'\n",
+                workspace_bytes, hopper_workspace_bytes, deterministic_bytes, ampere_bytes, hopper_bytes,
+                rows_bytes, static_cast<int>(sized.code), sized.message);
     return 1;
   }
   const flashcute::Status rejected = flashcute::attention_backward(bwd);
@@ -75,8 +82,8 @@ int main() {
                 static_cast<int>(rejected.code), rejected.message);
     return 1;
   }
-  std::printf("backward workspace: %zu bytes; invalid backward rejected: %s\n", workspace_bytes,
-              rejected.message);
+  std::printf("backward workspace: %zu bytes (deterministic: %zu); invalid backward rejected: %s\n",
+              workspace_bytes, deterministic_bytes, rejected.message);
 
   int capability = -1;
   const flashcute::Status device = flashcute::device_capability(0, &capability);

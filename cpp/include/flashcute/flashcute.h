@@ -105,9 +105,10 @@ struct AttentionBackwardParams {
 
   float softmax_scale = 0.f;
   bool causal = false;
-  // Bitwise reproducible gradients. The Ampere path always is (it uses no floating-point
-  // atomics); the Hopper path adds dQ with atomics, so with kAuto this flag picks the Ampere
-  // path and an explicit kHopper is refused.
+  // Bitwise reproducible gradients: the Ampere path then computes dQ in its own pass over
+  // query blocks instead of adding every key block's part with floating-point atomics. The
+  // Hopper path always adds dQ with atomics, so with kAuto this flag picks the Ampere path
+  // and an explicit kHopper is refused.
   bool deterministic = false;
   DType dtype = DType::kFloat16;
   int device = -1;
@@ -115,9 +116,10 @@ struct AttentionBackwardParams {
 };
 
 // Bytes of workspace attention_backward needs for these sizes, dtype, `deterministic` and
-// backend (pointers are not read). The Hopper path needs more (an fp32 dQ accumulator, in
-// chunks of heads for long sequences). kAuto sizes for the path the device would run, or for
-// the larger one when no device can be queried.
+// backend (pointers are not read): fp32 row sums, and an fp32 dQ accumulator (in chunks of
+// heads for long sequences) except for a deterministic call; the Hopper path also keeps the
+// lse in log2 units. kAuto sizes for the path the device would run, or for the larger one
+// when no device can be queried.
 FLASHCUTE_API Status attention_backward_workspace_size(const AttentionBackwardParams& params,
                                                        size_t* bytes,
                                                        Backend backend = Backend::kAuto);

@@ -1,8 +1,12 @@
-// The Hopper-path backward's last pass: dQ = softmax_scale · dq_accum, converted to the
-// output dtype. dq_accum holds each query block's partials in the consumers' register order
-// (see bwd_consumer.h); the same TiledMma partition maps them back to (row, column), through
-// shared memory to 16-byte stores. One CTA per (query block, slot of the chunk), 128 threads
-// per dQ region (the part of the block one consumer computes).
+// The backward's last pass, on both paths: dQ = softmax_scale · dq_accum, converted to the
+// output dtype. dq_accum holds each query block's partials in the register order of the GEMM
+// that made them; the same TiledMma partition maps them back to (row, column), through
+// shared memory to 16-byte stores.
+//
+// `Layout` (the path's backward traits) names that order: a query block of kBlockM rows is
+// kDqRegions regions of kDqElems values, each computed by kDqRegionThreads threads with
+// TiledMmaDq over TileDq, the regions side by side in rows (kDqSplitRows) or columns
+// (kDqSplitCols). One CTA per (query block, slot of the chunk), one thread per value group.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -11,23 +15,24 @@
 
 #include "kernel_params.h"
 
-namespace flashcute::hopper {
+namespace flashcute {
 
-template <class Traits>
-__global__ void __launch_bounds__(128 * Traits::kDqRegions)
+template <class Layout>
+__global__ void __launch_bounds__(Layout::kDqRegionThreads * Layout::kDqRegions)
     bwd_convert_dq_kernel(__grid_constant__ const BwdKernelParams params, int pair_begin) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#if defined(__CUDA_ARCH__)
   using namespace cute;
-  using Element = typename Traits::Element;
-  constexpr int kBlockM = Traits::kBlockM;
-  constexpr int kHeadDim = Traits::kHeadDim;
+  using Element = typename Layout::Element;
+  constexpr int kBlockM = Layout::kBlockM;
+  constexpr int kHeadDim = Layout::kHeadDim;
+  constexpr int kThreads = Layout::kDqRegionThreads;
   const int m_block = blockIdx.x;
   const int slot = blockIdx.y;
   const int pair = pair_begin + slot / params.heads_per_kv;
   const int batch = pair / params.nheads_kv;
   const int head = (pair % params.nheads_kv) * params.heads_per_kv + slot % params.heads_per_kv;
-  const int region = threadIdx.x / 128;
-  const int tid = threadIdx.x % 128;
+  const int region = threadIdx.x / kThreads;
+  const int tid = threadIdx.x % kThreads;
 
   // The block's dQ goes through shared memory as (row, column), so that global memory sees
   // 16-byte row-contiguous stores (the API requires dq 16-byte aligned with such strides).
@@ -37,22 +42,22 @@ __global__ void __launch_bounds__(128 * Traits::kDqRegions)
   Element* tile = reinterpret_cast<Element*>(tile_storage);
   static_assert(sizeof(Element) == sizeof(uint16_t));
 
-  typename Traits::TiledMmaDq mma_dq;
-  Tensor coords = mma_dq.get_thread_slice(tid).partition_C(make_identity_tensor(typename Traits::TileDq{}));
+  typename Layout::TiledMmaDq mma_dq;
+  Tensor coords = mma_dq.get_thread_slice(tid).partition_C(make_identity_tensor(typename Layout::TileDq{}));
   const float* src = params.dq_accum + (int64_t(slot) * params.seqlen_q_padded + m_block * kBlockM) * kHeadDim +
-                     region * Traits::kDqElems;
+                     region * Layout::kDqElems;
   cutlass::NumericArrayConverter<Element, float, 2> convert;
-  // Thread tid's values i..i+3 sit at [i * 128 + tid * 4]: (row, col), (row, col + 1) and the
-  // same two columns eight rows down.
+  // Thread tid's values i..i+3 sit at [i * kThreads + tid * 4]: (row, col), (row, col + 1)
+  // and the same two columns eight rows down (the C fragment of a 16 x 8 MMA or a WGMMA).
   static_assert(size(decltype(coords){}) % 4 == 0);
   CUTE_UNROLL
   for (int i = 0; i < size(coords); i += 4) {
-    const float4 values = *reinterpret_cast<const float4*>(src + (i * 128 + tid * 4));
+    const float4 values = *reinterpret_cast<const float4*>(src + (i * kThreads + tid * 4));
     const float quad[4] = {values.x, values.y, values.z, values.w};
     CUTE_UNROLL
     for (int j = 0; j < 4; j += 2) {  // j, j + 1: adjacent columns of one row
-      const int row = (Traits::kDqSplitRows ? region * Traits::kDqRows : 0) + get<0>(coords(i + j));
-      const int col = (Traits::kDqSplitCols ? region * Traits::kDqCols : 0) + get<1>(coords(i + j));
+      const int row = (Layout::kDqSplitRows ? region * Layout::kDqRows : 0) + get<0>(coords(i + j));
+      const int col = (Layout::kDqSplitCols ? region * Layout::kDqCols : 0) + get<1>(coords(i + j));
       cutlass::Array<float, 2> pair_values;
       pair_values[0] = quad[j] * params.softmax_scale;
       pair_values[1] = quad[j + 1] * params.softmax_scale;
@@ -75,4 +80,4 @@ __global__ void __launch_bounds__(128 * Traits::kDqRegions)
 #endif
 }
 
-}  // namespace flashcute::hopper
+}  // namespace flashcute
