@@ -20,7 +20,7 @@ namespace flashcute {
 constexpr int64_t kBwdRowPadding = 128;        // rows per padded query block
 constexpr int64_t kBwdChunkBlockN = 128;       // keys per dK/dV CTA the chunk size assumes (some use fewer)
 constexpr int64_t kBwdChunkCtas = 4096;        // dK/dV CTAs per dq_accum chunk, at least
-constexpr int64_t kBwdMaxChunkPairs = 65535;   // a chunk's pairs are one grid dimension
+constexpr int64_t kBwdMaxChunkSlots = 65535;   // a chunk's slots (and pairs) are one grid dimension
 
 struct BwdWorkspace {
   int64_t rows_padded = 0;   // seqlen_q rounded up to kBwdRowPadding
@@ -46,7 +46,9 @@ inline BwdWorkspace bwd_workspace(int64_t batch, int64_t nheads, int64_t nheads_
   if (dq_accum) {
     const int64_t pairs = batch * nheads_kv;
     const int64_t key_blocks = std::max<int64_t>(1, (seqlen_k + kBwdChunkBlockN - 1) / kBwdChunkBlockN);
-    w.chunk_pairs = std::min({pairs, (kBwdChunkCtas + key_blocks - 1) / key_blocks, kBwdMaxChunkPairs});
+    const int64_t heads_per_kv = std::max<int64_t>(1, nheads / nheads_kv);
+    w.chunk_pairs = std::min({pairs, (kBwdChunkCtas + key_blocks - 1) / key_blocks,
+                              std::max<int64_t>(1, kBwdMaxChunkSlots / heads_per_kv)});
     w.has_dq_accum = true;
     w.dq_accum_offset = w.bytes;
     const int64_t slots = w.chunk_pairs * (nheads / nheads_kv);

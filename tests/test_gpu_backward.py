@@ -297,6 +297,21 @@ def test_dq_accumulator_in_chunks(gen, causal, bwd_backend):
     check_grads(grads, q, k, v, dout, causal=causal)
 
 
+@pytest.mark.parametrize("bwd_backend", ["hopper", "ampere"])
+def test_dq_accumulator_chunk_fits_the_grid(gen, bwd_backend):
+    """4096 (batch, kv head) pairs of one key block each, 16 query heads per kv head: a chunk
+    of 4096 pairs would be 65536 slots, one more than a grid dimension holds."""
+    if bwd_backend == "hopper" and 64 not in HOPPER_BWD_HEAD_DIMS:
+        pytest.skip("no Hopper-path backward for head dim 64 on this GPU")
+    if 64 not in BWD_HEAD_DIMS or "bfloat16" not in BWD_DTYPES:
+        pytest.skip("no Ampere-path bf16 kernels for head dim 64 in this build")
+    q, k, v = make_qkv(gen, 2048, 16, 16, 32, 2, 64, "bfloat16")
+    dout = randn_like(gen, q)
+    out, lse = forward_for_backward(q, k, v, causal=False)
+    grads = flashcute.attention_backward(dout, q, k, v, out, lse, backend=bwd_backend)
+    check_grads(grads, q, k, v, dout, causal=False)
+
+
 def test_deterministic_algorithms_flag_selects_deterministic_mode(gen):
     q, k, v = make_qkv(gen, 1, 900, 900, 4, 4, 64, "bfloat16")
     dout = randn_like(gen, q)
