@@ -102,7 +102,7 @@ def choose_backward_backend(
 
     With ``requested=None``, an sm90 GPU runs the Hopper-path backward where this build has it
     for the head dim and dtype; everything else, and every ``deterministic=True`` call, runs
-    the Ampere path (the Hopper path adds dQ with atomics, so it is not bitwise reproducible).
+    the Ampere path (only its atomic-free design is bitwise reproducible).
 
     Raises:
         ValueError: a backend that cannot run this GPU, head dim or dtype, or

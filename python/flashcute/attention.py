@@ -104,7 +104,8 @@ def attention(
     Torch tensors (without ``out``) go through the custom op ``flashcute::attention_forward``
     whenever something may watch the call: an input requires grad, ``torch.compile`` traces,
     a tensor subclass, dispatch mode or functorch transform is active. The result is then
-    differentiable (``flashcute::attention_backward``, bitwise reproducible gradients) and
+    differentiable (``flashcute::attention_backward``; bitwise reproducible gradients under
+    ``torch.use_deterministic_algorithms(True)``) and
     works under ``torch.compile(fullgraph=True)``; otherwise the kernel is launched directly,
     without the custom op's dispatch cost. Both work in CUDA graphs. The returned lse is not
     differentiable.

@@ -40,14 +40,15 @@ def attention_backward(
         causal, softmax_scale: as given to the forward (scale default 1/sqrt(headdim)).
         dq, dk, dv: optional tensors to write the gradients into (q's, k's, v's shape and
             dtype); dk and dv have nheads_kv heads, each the sum over its query-head group.
-        deterministic: ask for bitwise reproducible gradients. The Ampere path always gives
-            them (it uses no floating-point atomics); the Hopper path adds dQ with atomics, so
-            with ``backend=None`` this flag selects the Ampere path (slower on H100/H200).
+        deterministic: ask for bitwise reproducible gradients. Both paths normally add dQ
+            with floating-point atomics; this flag runs the Ampere path's design that computes
+            dQ in its own pass instead (slower), and with ``backend=None`` selects the Ampere
+            path.
         backend: None (choose by GPU: the Hopper path on sm90 where this build has its
             backward for the head dim, else the Ampere path), "ampere" or "hopper".
 
     The workspace is allocated by q's framework: fp32 per-row sums (8 bytes per query row and
-    head on the Hopper path, 4 on the Ampere path) plus, on the Hopper path, an fp32 dQ
+    head on the Hopper path, 4 on the Ampere path) plus, unless deterministic, an fp32 dQ
     accumulator covering a chunk of heads. The kernels run on q's current stream, as in the
     forward.
 
