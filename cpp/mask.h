@@ -74,9 +74,22 @@ CUTE_HOST_DEVICE KeyBlockRange key_block_range(int row0, int rows, int seqlen_q,
   return KeyBlockRange{n_end, unmasked_keys / kBlockN};
 }
 
-// Query blocks a key block meets: [begin, end); those below masked_end need the mask.
+// Query blocks a key block meets: [begin, end); those below masked_end need the mask. They
+// are visited from `start` on, wrapping around (at(i) is the i-th visit). Without causal the
+// key blocks of one head would otherwise walk the same rows in lockstep, every one adding its
+// dQ part into the same dq_accum rows at the same time; key block n starts (n mod 8) blocks
+// in, which spreads those reductions eight ways while the rows in flight stay within eight
+// blocks (Q, dO and dq_accum of a head stay in L2). Causal ranges start at their own
+// diagonal, which differs between key blocks already, and are visited in order.
+constexpr int kQueryBlockWindow = 8;
+
 struct QueryBlockRange {
-  int begin, masked_end, end;
+  int begin, masked_end, end, start;
+  CUTE_HOST_DEVICE int count() const { return end - begin; }
+  CUTE_HOST_DEVICE int at(int i) const {
+    const int j = i + start;
+    return begin + (j < count() ? j : j - count());
+  }
 };
 
 template <int kBlockM, int kBlockN>
@@ -95,7 +108,9 @@ CUTE_HOST_DEVICE QueryBlockRange query_block_range(int n0, int seqlen_q, int seq
       masked_end = cute::min(end, (first_unmasked_row + kBlockM - 1) / kBlockM);
     masked_end = cute::max(masked_end, begin);
   }
-  return QueryBlockRange{begin, masked_end, end};
+  const int window = end - begin < kQueryBlockWindow ? end - begin : kQueryBlockWindow;
+  const int start = causal || window <= 1 ? 0 : (n0 / kBlockN) % window;
+  return QueryBlockRange{begin, masked_end, end, start};
 }
 
 }  // namespace flashcute

@@ -13,8 +13,8 @@
 // - otherwise (deterministic calls): dQ comes from its own pass over query blocks
 //   (bwd_dq_kernel.h), which recomputes S and dP: seven GEMMs per block pair, but every
 //   gradient summed in a fixed order.
-// Query blocks that cross the causal diagonal or meet the seqlen_k tail come first; the rest
-// skip the mask with one warp-uniform branch. (The loop body is written out, not a lambda: a
+// Query blocks that cross the causal diagonal or meet the seqlen_k tail apply the mask; the
+// rest skip it with one warp-uniform branch. (The loop body is written out, not a lambda: a
 // lambda too large to inline would put the by-reference accumulators in local memory.)
 #pragma once
 
@@ -169,16 +169,19 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   constexpr float kLog2e = 1.4426950408889634f;
 
   const bool has_work = range.begin < range.end && head_first < head_end;
-  if (has_work) load_q_do(head_first, range.begin, 0);
+  if (has_work) load_q_do(head_first, range.at(0), 0);
   cp_async_fence();
 
   int stage = 0;
-  // Query blocks crossing the causal diagonal or meeting the seqlen_k tail come first.
+  // Query blocks in range order (mask.h): causal from the diagonal, else from a start that
+  // differs between the key blocks of a head.
   for (int h = head_first; h < head_end; ++h) {
-    for (int m = range.begin; m < range.end; ++m) {
+    for (int i = 0; i < range.count(); ++i) {
+      const int m = range.at(i);
       // The next (head, query block) this CTA visits, if any.
-      int h_next = h, m_next = m + 1;
-      if (m_next == range.end) h_next = h + 1, m_next = range.begin;
+      int h_next = h, i_next = i + 1;
+      if (i_next == range.count()) h_next = h + 1, i_next = 0;
+      const int m_next = range.at(i_next);
       const bool has_next = h_next < head_end;
 
       cp_async_wait<0>();

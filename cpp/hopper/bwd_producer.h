@@ -63,7 +63,8 @@ CUTE_DEVICE void produce_bwd(BwdParams<Traits> const& params, typename Traits::S
     const int64_t rows = (int64_t(batch) * args.nheads + h) * args.seqlen_q_padded;
     // Not unrolled: unrolled copies of this loop do not fit in the producer's 24 registers.
     CUTE_NO_UNROLL
-    for (int m = range.begin; m < range.end; ++m) {
+    for (int i = 0; i < range.count(); ++i) {
+      const int m = range.at(i);  // the consumers' order
       pipeline_q.producer_acquire(q_state);
       uint64_t* q_barrier = pipeline_q.producer_get_barrier(q_state);
       copy(params.tma_q.with(*q_barrier), tQgQ(_, _, _, m), tQsQ(_, _, _, q_state.index()));

@@ -118,7 +118,8 @@ CUTE_DEVICE void consume_bwd_wide(BwdParams<Traits> const& params, typename Trai
   int buffer = 0;
   for (int g = 0; g < args.heads_per_kv; ++g) {
     float* dq_accum_head = args.dq_accum + int64_t(pair_slot0 + g) * args.seqlen_q_padded * kHeadDim;
-    for (int m = range.begin; m < range.end; ++m) {
+    for (int i = 0; i < range.count(); ++i) {
+      const int m = range.at(i);
       const int q_stage = q_state.index();
       const int do_stage = do_state.index();
       AccS acc_s, acc_dp;
