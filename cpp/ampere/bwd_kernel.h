@@ -168,20 +168,21 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   const float scale_log2 = params.scale_log2;
   constexpr float kLog2e = 1.4426950408889634f;
 
+  // The i-th query block visited: in range order (mask.h) where dQ is added into dq_accum,
+  // plain order otherwise (no reductions to spread, and the registers are at the cap).
+  auto query_block = [&](int i) { return kAddDq ? range.at(i) : range.begin + i; };
   const bool has_work = range.begin < range.end && head_first < head_end;
-  if (has_work) load_q_do(head_first, range.at(0), 0);
+  if (has_work) load_q_do(head_first, query_block(0), 0);
   cp_async_fence();
 
   int stage = 0;
-  // Query blocks in range order (mask.h): causal from the diagonal, else from a start that
-  // differs between the key blocks of a head.
   for (int h = head_first; h < head_end; ++h) {
     for (int i = 0; i < range.count(); ++i) {
-      const int m = range.at(i);
+      const int m = query_block(i);
       // The next (head, query block) this CTA visits, if any.
       int h_next = h, i_next = i + 1;
       if (i_next == range.count()) h_next = h + 1, i_next = 0;
-      const int m_next = range.at(i_next);
+      const int m_next = query_block(i_next);
       const bool has_next = h_next < head_end;
 
       cp_async_wait<0>();
