@@ -279,15 +279,20 @@ def test_hopper_backward_refuses_deterministic(gen):
         flashcute.attention_backward(q, q, k, v, out, lse, deterministic=True, backend="hopper")
 
 
+def _needs_hd64_bf16(bwd_backend: str) -> None:
+    """Skip unless this build and GPU run the hd 64 bf16 backward on ``bwd_backend``."""
+    if bwd_backend == "hopper" and 64 not in HOPPER_BWD_HEAD_DIMS:
+        pytest.skip("no Hopper-path backward for head dim 64 on this GPU")
+    if 64 not in BWD_HEAD_DIMS or "bfloat16" not in BWD_DTYPES:
+        pytest.skip("no Ampere-path bf16 kernels for head dim 64 in this build")
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("bwd_backend", ["hopper", "ampere"])
 def test_dq_accumulator_in_chunks(gen, causal, bwd_backend):
     """72 (batch, kv head) pairs × 64 key blocks exceed one dq_accum chunk (4096 CTAs): the
     launcher runs two chunks, each zeroing and converting its own heads."""
-    if bwd_backend == "hopper" and 64 not in HOPPER_BWD_HEAD_DIMS:
-        pytest.skip("no Hopper-path backward for head dim 64 on this GPU")
-    if 64 not in BWD_HEAD_DIMS or "bfloat16" not in BWD_DTYPES:
-        pytest.skip("no Ampere-path bf16 kernels for head dim 64 in this build")
+    _needs_hd64_bf16(bwd_backend)
     q, k, v = make_qkv(gen, 1, 100, 8192, 144, 72, 64, "bfloat16")
     dout = randn_like(gen, q)
     out, lse = forward_for_backward(q, k, v, causal=causal)
@@ -301,10 +306,7 @@ def test_dq_accumulator_in_chunks(gen, causal, bwd_backend):
 def test_dq_accumulator_chunk_fits_the_grid(gen, bwd_backend):
     """4096 (batch, kv head) pairs of one key block each, 16 query heads per kv head: a chunk
     of 4096 pairs would be 65536 slots, one more than a grid dimension holds."""
-    if bwd_backend == "hopper" and 64 not in HOPPER_BWD_HEAD_DIMS:
-        pytest.skip("no Hopper-path backward for head dim 64 on this GPU")
-    if 64 not in BWD_HEAD_DIMS or "bfloat16" not in BWD_DTYPES:
-        pytest.skip("no Ampere-path bf16 kernels for head dim 64 in this build")
+    _needs_hd64_bf16(bwd_backend)
     q, k, v = make_qkv(gen, 2048, 16, 16, 32, 2, 64, "bfloat16")
     dout = randn_like(gen, q)
     out, lse = forward_for_backward(q, k, v, causal=False)
