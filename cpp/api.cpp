@@ -123,7 +123,7 @@ FwdKernelParams kernel_params(const AttentionForwardParams& p) {
 BwdWorkspace workspace_layout(const AttentionBackwardParams& p, Backend resolved) {
   const bool hopper = resolved == Backend::kHopper;
   return bwd_workspace(p.batch, p.nheads, p.nheads_kv, p.seqlen_q, p.seqlen_k, p.headdim,
-                       /*lse_log2=*/hopper, /*dq_accum=*/hopper || !p.deterministic);
+                       /*lse_log2=*/hopper, /*dq_accum=*/hopper || !p.deterministic, /*dq_ready=*/hopper);
 }
 
 Status check_backward(const AttentionBackwardParams& p) {
@@ -180,6 +180,7 @@ BwdKernelParams kernel_params(const AttentionBackwardParams& p, Backend resolved
   k.row_dot = reinterpret_cast<float*>(base + workspace.row_dot_offset);
   if (workspace.has_lse_log2) k.lse_log2 = reinterpret_cast<float*>(base + workspace.lse_log2_offset);
   if (workspace.has_dq_accum) k.dq_accum = reinterpret_cast<float*>(base + workspace.dq_accum_offset);
+  if (workspace.has_dq_ready) k.dq_ready = reinterpret_cast<int*>(base + workspace.dq_ready_offset);
   k.q_batch_stride = p.q_batch_stride, k.q_row_stride = p.q_row_stride, k.q_head_stride = p.q_head_stride;
   k.k_batch_stride = p.k_batch_stride, k.k_row_stride = p.k_row_stride, k.k_head_stride = p.k_head_stride;
   k.v_batch_stride = p.v_batch_stride, k.v_row_stride = p.v_row_stride, k.v_head_stride = p.v_head_stride;

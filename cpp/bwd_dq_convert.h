@@ -7,6 +7,10 @@
 // kDqRegions regions of kDqElems values, each computed by kDqRegionThreads threads with
 // TiledMmaDq over TileDq, the regions side by side in rows (kDqSplitRows) or columns
 // (kDqSplitCols). One CTA per (query block, slot of the chunk), one thread per value group.
+//
+// kAwaitAdds (Hopper path): the kernel runs as the dK/dV kernel's programmatic dependent, so
+// its CTAs may start while that grid's last wave still runs; each waits until dq_ready has
+// counted every dK/dV CTA of its (batch, kv head) pair.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -17,7 +21,17 @@
 
 namespace flashcute {
 
-template <class Layout>
+CUTE_DEVICE void await_count(const int* counter, int expected) {
+  int value = 0;
+  for (int spins = 0;; ++spins) {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(value) : "l"(counter) : "memory");
+    if (value >= expected) return;
+    if (spins == (1 << 26)) __trap();  // ~30 s: a count that never comes is a bug, not a wait
+    __nanosleep(256);
+  }
+}
+
+template <class Layout, bool kAwaitAdds = false>
 __global__ void __launch_bounds__(Layout::kDqRegionThreads * Layout::kDqRegions)
     bwd_convert_dq_kernel(__grid_constant__ const BwdKernelParams params, int pair_begin) {
 #if defined(__CUDA_ARCH__)
@@ -33,6 +47,12 @@ __global__ void __launch_bounds__(Layout::kDqRegionThreads * Layout::kDqRegions)
   const int head = (pair % params.nheads_kv) * params.heads_per_kv + slot % params.heads_per_kv;
   const int region = threadIdx.x / kThreads;
   const int tid = threadIdx.x % kThreads;
+  if constexpr (kAwaitAdds) {  // every dK/dV CTA of the pair counts itself once
+    if (threadIdx.x == 0)
+      await_count(params.dq_ready + slot / params.heads_per_kv,
+                  (params.seqlen_k + Layout::kBlockN - 1) / Layout::kBlockN);
+    __syncthreads();
+  }
 
   // The block's dQ goes through shared memory as (row, column), so that global memory sees
   // 16-byte row-contiguous stores (the API requires dq 16-byte aligned with such strides).
@@ -52,7 +72,7 @@ __global__ void __launch_bounds__(Layout::kDqRegionThreads * Layout::kDqRegions)
   static_assert(size(decltype(coords){}) % 4 == 0);
   CUTE_UNROLL
   for (int i = 0; i < size(coords); i += 4) {
-    const float4 values = *reinterpret_cast<const float4*>(src + (i * kThreads + tid * 4));
+    const float4 values = __ldcg(reinterpret_cast<const float4*>(src + (i * kThreads + tid * 4)));  // from L2
     const float quad[4] = {values.x, values.y, values.z, values.w};
     CUTE_UNROLL
     for (int j = 0; j < 4; j += 2) {  // j, j + 1: adjacent columns of one row

@@ -2,6 +2,8 @@
 //
 //   row_dot   fp32 (batch, nheads, rows_padded)     every path
 //   lse_log2  fp32 (batch, nheads, rows_padded)     Hopper path
+//   dq_ready  int32 (chunk pairs)                    Hopper path: per (batch, kv head) pair, the
+//                                                    dK/dV CTAs done adding dQ (16-byte padded)
 //   dq_accum  fp32 (slots, rows_padded, headdim)    Hopper path; Ampere path unless deterministic
 //
 // Where dQ is added into dq_accum from every key block, that buffer covers a chunk of
@@ -25,13 +27,15 @@ constexpr int64_t kBwdMaxChunkSlots = 65535;   // a chunk's slots (and pairs) ar
 struct BwdWorkspace {
   int64_t rows_padded = 0;   // seqlen_q rounded up to kBwdRowPadding
   int64_t chunk_pairs = 0;   // (batch, kv head) pairs per dq_accum chunk (0: no dq_accum)
-  size_t row_dot_offset = 0, lse_log2_offset = 0, dq_accum_offset = 0;  // bytes
+  size_t row_dot_offset = 0, lse_log2_offset = 0, dq_ready_offset = 0, dq_accum_offset = 0;  // bytes
+  size_t dq_ready_bytes = 0;  // right before dq_accum, so one memset clears both
   size_t bytes = 0;
-  bool has_lse_log2 = false, has_dq_accum = false;
+  bool has_lse_log2 = false, has_dq_accum = false, has_dq_ready = false;
 };
 
 inline BwdWorkspace bwd_workspace(int64_t batch, int64_t nheads, int64_t nheads_kv, int64_t seqlen_q,
-                                  int64_t seqlen_k, int64_t headdim, bool lse_log2, bool dq_accum) {
+                                  int64_t seqlen_k, int64_t headdim, bool lse_log2, bool dq_accum,
+                                  bool dq_ready = false) {
   BwdWorkspace w;
   w.rows_padded = (seqlen_q + kBwdRowPadding - 1) / kBwdRowPadding * kBwdRowPadding;
   const size_t row_bytes = static_cast<size_t>(batch * nheads * w.rows_padded) * sizeof(float);
@@ -49,9 +53,15 @@ inline BwdWorkspace bwd_workspace(int64_t batch, int64_t nheads, int64_t nheads_
     const int64_t heads_per_kv = std::max<int64_t>(1, nheads / nheads_kv);
     w.chunk_pairs = std::min({pairs, (kBwdChunkCtas + key_blocks - 1) / key_blocks,
                               std::max<int64_t>(1, kBwdMaxChunkSlots / heads_per_kv)});
+    const int64_t slots = w.chunk_pairs * (nheads / nheads_kv);
+    if (dq_ready) {
+      w.has_dq_ready = true;
+      w.dq_ready_offset = w.bytes;
+      w.dq_ready_bytes = (static_cast<size_t>(w.chunk_pairs) * sizeof(int32_t) + 15) / 16 * 16;
+      w.bytes += w.dq_ready_bytes;
+    }
     w.has_dq_accum = true;
     w.dq_accum_offset = w.bytes;
-    const int64_t slots = w.chunk_pairs * (nheads / nheads_kv);
     w.bytes += static_cast<size_t>(slots * w.rows_padded * headdim) * sizeof(float);
   }
   return w;

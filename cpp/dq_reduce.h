@@ -1,5 +1,6 @@
 // The backward's dQ reduction: a key block's dQ partial is added into the fp32 dq_accum
-// buffer in global memory, 16 bytes per instruction where the GPU has vector reductions.
+// buffer in global memory, 16 bytes per instruction where the GPU has vector reductions; the
+// Hopper path then counts each finished CTA.
 #pragma once
 
 #include <cute/config.hpp>
@@ -17,6 +18,16 @@ CUTE_DEVICE void red_add_f32x4(float* gmem, float a, float b, float c, float d) 
   atomicAdd(gmem + 1, b);
   atomicAdd(gmem + 2, c);
   atomicAdd(gmem + 3, d);
+#endif
+}
+
+// Adds one to a completion counter in global memory with release semantics at GPU scope:
+// every memory operation that happens before it (the caller's, and through a barrier other
+// threads') is visible to whoever reads the new count with acquire semantics.
+CUTE_DEVICE void count_release(int* counter) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+  asm volatile("red.relaxed.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
 #endif
 }
 

@@ -44,6 +44,9 @@ struct BwdKernelParams {
   float* __restrict__ row_dot;   // (batch, nheads, seqlen_q_padded)
   float* __restrict__ lse_log2;  // like row_dot, or null; +inf on rows no key may reach
   float* __restrict__ dq_accum;  // null: the Ampere path's deterministic design
+  // (chunk pairs) or null: the dK/dV CTAs of each (batch, kv head) pair done adding dQ (Hopper
+  // path; the dQ conversion waits for them instead of for the whole kernel)
+  int* __restrict__ dq_ready;
 
   int64_t q_batch_stride, q_row_stride, q_head_stride;
   int64_t k_batch_stride, k_row_stride, k_head_stride;

@@ -211,6 +211,9 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
     store_dkv_tile<Traits>(params, sK(_, _, consumer), sV(_, _, consumer), n_block * Traits::kConsumers + consumer,
                            kv_head, batch);
   }
+  // Both consumers' dQ adds precede the kDsReady barrier above: count this CTA as done with
+  // them (the fence waits here, at the CTA's end, in a warp that does not store dK and dV).
+  if (consumer == 1 && tid == 32 && args.dq_ready != nullptr) count_release(args.dq_ready + blockIdx.y);
 }
 
 }  // namespace flashcute::hopper

@@ -38,6 +38,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   extern __shared__ __align__(1024) char smem_raw[];
   auto& storage = *reinterpret_cast<typename Traits::SharedStorage*>(smem_raw);
 
+  // The dQ conversion is launched as this grid's programmatic dependent: once every CTA has
+  // started, it may start on the SMs the last wave leaves idle, converting the query blocks of
+  // each (batch, kv head) pair as soon as dq_ready has counted all of the pair's CTAs.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+
   const int warp_group = __shfl_sync(0xffffffff, threadIdx.x / 128, 0);
   const bool producer_thread = threadIdx.x == 0;
   const int n_block = blockIdx.x;  // causal: low key blocks meet the most rows and start first

@@ -1,6 +1,7 @@
 // Host-side launch of the Hopper-path backward for one (dtype, head dim), all on the caller's
 // stream: the row-wise prepare pass (row_dot, lse_log2), then per chunk of (batch, kv head)
-// pairs (bwd_workspace.h): zero dq_accum, the dK/dV kernel, the dQ conversion.
+// pairs (bwd_workspace.h): zero dq_ready and dq_accum, the dK/dV kernel, the dQ conversion
+// (overlapping the dK/dV kernel's last wave).
 #pragma once
 
 #include <algorithm>
@@ -57,7 +58,8 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
   }
 
   const BwdWorkspace workspace = bwd_workspace(p.batch, p.nheads, p.nheads_kv, p.seqlen_q, p.seqlen_k,
-                                               kHeadDim, /*lse_log2=*/true, /*dq_accum=*/true);
+                                               kHeadDim, /*lse_log2=*/true, /*dq_accum=*/true,
+                                               /*dq_ready=*/true);
   if (p.seqlen_q > 0) {
     using Rows = RowwiseShape<kHeadDim>;
     const dim3 rows_grid((p.seqlen_q_padded + Rows::kRowsPerBlock - 1) / Rows::kRowsPerBlock, p.nheads, p.batch);
@@ -112,16 +114,29 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
   const int query_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
   for (int pair_begin = 0; pair_begin < pairs; pair_begin += chunk) {
     const int count = std::min(chunk, pairs - pair_begin);
-    if (p.seqlen_q > 0) {
+    if (p.seqlen_q > 0) {  // dq_ready and the chunk's dq_accum, contiguous
       const size_t accum_bytes = size_t(count) * p.heads_per_kv * p.seqlen_q_padded * kHeadDim * sizeof(float);
-      if (cudaError_t err = cudaMemsetAsync(p.dq_accum, 0, accum_bytes, stream); err != cudaSuccess)
+      if (cudaError_t err = cudaMemsetAsync(p.dq_ready, 0, workspace.dq_ready_bytes + accum_bytes, stream);
+          err != cudaSuccess)
         return cuda_status(err, "cudaMemsetAsync (dq_accum)");
     }
     kp.pair_begin = pair_begin;
     if (p.seqlen_k > 0) kernel<<<dim3(key_blocks, count), Traits::kThreads, kSmem, stream>>>(kp);
-    if (p.seqlen_q > 0)
-      bwd_convert_dq_kernel<Traits><<<dim3(query_blocks, count * p.heads_per_kv),
-                                      Traits::kDqRegionThreads * Traits::kDqRegions, 0, stream>>>(p, pair_begin);
+    if (p.seqlen_q > 0) {
+      // Behind the dK/dV kernel as its programmatic dependent (bwd_dq_convert.h, kAwaitAdds).
+      cudaLaunchAttribute overlap{};
+      overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      overlap.val.programmaticStreamSerializationAllowed = p.seqlen_k > 0 ? 1 : 0;
+      cudaLaunchConfig_t config{};
+      config.gridDim = dim3(query_blocks, count * p.heads_per_kv);
+      config.blockDim = dim3(Traits::kDqRegionThreads * Traits::kDqRegions);
+      config.stream = stream;
+      config.attrs = &overlap;
+      config.numAttrs = 1;
+      if (cudaError_t err = cudaLaunchKernelEx(&config, &bwd_convert_dq_kernel<Traits, true>, p, pair_begin);
+          err != cudaSuccess)
+        return cuda_status(err, "hopper backward dQ conversion launch");
+    }
   }
   return cuda_status(cudaGetLastError(), "hopper backward launch");
 }

@@ -223,6 +223,9 @@ CUTE_DEVICE void consume_bwd_wide(BwdParams<Traits> const& params, typename Trai
   if (consumer == 0 && tid == 0) {
     store_dkv_tile<Traits>(params, sK(_, _, _0{}), sV(_, _, _0{}), n_block, kv_head, batch);
   }
+  // Both consumers' dQ adds precede the barriers above: count this CTA as done with them (the
+  // fence waits here, at the CTA's end, while the other consumer's thread stores dK and dV).
+  if (consumer == 1 && tid == 0 && args.dq_ready != nullptr) count_release(args.dq_ready + blockIdx.y);
 }
 
 }  // namespace flashcute::hopper

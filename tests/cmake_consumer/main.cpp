@@ -59,7 +59,8 @@ int main() {
   const size_t rows_bytes = 128 * 2 * sizeof(float);
   const size_t accum_bytes = 2 * 128 * 64 * sizeof(float);
   const size_t ampere_bytes = rows_bytes + accum_bytes;
-  const size_t hopper_bytes = hopper_bwd ? 2 * rows_bytes + accum_bytes : ampere_bytes;
+  const size_t ready_bytes = 16;  // dq_ready: 2 (batch, kv head) pairs, padded to 16 bytes
+  const size_t hopper_bytes = hopper_bwd ? 2 * rows_bytes + ready_bytes + accum_bytes : ampere_bytes;
   size_t workspace_bytes = 0, hopper_workspace_bytes = 0, deterministic_bytes = 0;
   const flashcute::Status sized =
       flashcute::attention_backward_workspace_size(bwd, &workspace_bytes, flashcute::Backend::kAmpere);
