@@ -49,8 +49,8 @@ def attention_backward(
 
     The workspace is allocated by q's framework: fp32 per-row sums (8 bytes per query row and
     head on the Hopper path, 4 on the Ampere path) plus, unless deterministic, an fp32 dQ
-    accumulator covering a chunk of heads. The kernels run on q's current stream, as in the
-    forward.
+    accumulator covering a chunk of heads (and on the Hopper path one counter per (batch,
+    kv head) pair of the chunk). The kernels run on q's current stream, as in the forward.
 
     Returns:
         ``(dq, dk, dv)``: the given buffers, or new arrays of q's framework.
