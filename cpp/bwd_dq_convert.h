@@ -26,7 +26,7 @@ CUTE_DEVICE void await_count(const int* counter, int expected) {
   for (int spins = 0;; ++spins) {
     asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(value) : "l"(counter) : "memory");
     if (value >= expected) return;
-    if (spins == (1 << 26)) __trap();  // ~30 s: a count that never comes is a bug, not a wait
+    if (spins == (1 << 26)) __trap();  // over 15 s: a count that never comes is a bug, not a wait
     __nanosleep(256);
   }
 }
