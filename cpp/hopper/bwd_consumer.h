@@ -3,9 +3,9 @@
 // registers, and at the end dK (scaled) and dV through shared memory to TMA stores.
 //
 // Order inside a block: Sᵀ and dPᵀ are issued together; P is computed as soon as Sᵀ is back,
-// then dS; dV += Pᵀ·dO runs while dS goes to shared memory; then dQ = dS·K and dK += dSᵀ·Q,
-// and the dQ partial is added while dK runs. The Q and dO stages are released once every GEMM
-// reading them has completed.
+// then dS; dV += Pᵀ·dO runs while dS goes to shared memory; then dQ = dS·K (of the previous
+// block where dQ needs both consumers' dS) and dK += dSᵀ·Q, and the dQ partial is added while
+// dK runs. The Q and dO stages are released once every GEMM reading them has completed.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -21,7 +21,7 @@
 
 namespace flashcute::hopper {
 
-template <class Traits>
+template <class Traits, bool kDeferDq>
 CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::SharedStorage& storage,
                              typename Traits::PipelineQ& pipeline_q, typename Traits::PipelineDo& pipeline_do,
                              int consumer, int n_block, int kv_head, int batch) {
@@ -101,25 +101,62 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
   const int pair_slot0 = (batch * args.nheads_kv + kv_head - params.pair_begin) * args.heads_per_kv;
   const int consumer_barrier = int(BwdBarrier::kConsumer0) + consumer;
 
-  cutlass::PipelineState<Traits::kStages> q_state, do_state;
+  // Q and dO stages advance together: one state serves both pipelines.
+  cutlass::PipelineState<Traits::kStages> stage;
   storage.kv_full.wait(0);
-  int buffer = 0;
+  // kDeferDq (splits 0 and 2, long loops): block t's dQ is issued one block late, behind block
+  // t+1's dS, from both consumers' dS(t) in buffer t % 2. A consumer then never waits for the
+  // other's dS of the block it is working on, so the two drift out of phase and one's exp2 and
+  // dS run under the other's GEMMs; in lockstep both consumers' exp2 leave the tensor cores
+  // idle. The last dQ then runs after the last dK, and the consumers start in phase, which
+  // short loops do not win back (bwd_launch.h). Named barriers, arrived by one consumer and
+  // synced by the other:
+  //   ds_full(owner, b): the owner's dS in buffer b is written;
+  //   ds_free(owner, b): the other consumer's dQ GEMM reading it has completed.
+  static_assert(!kDeferDq || !Traits::kDqSplitKeys, "split 1 needs no other consumer's dS");
+  const int blocks = args.heads_per_kv * range.count();
+  const int other = consumer ^ 1;
+  auto ds_full = [](int owner, int b) { return int(BwdBarrier::kDsFull0) + 2 * owner + b; };
+  auto ds_free = [](int owner, int b) { return int(BwdBarrier::kDsFree0) + 2 * owner + b; };
+  int t = 0;             // blocks done, over the GQA group's heads
+  float* dq_dst = nullptr;  // where block t - 1's dQ partial goes
+  // dQ partial = dS·K over both consumers' keys (splits 0 and 2) or this consumer's (split 1).
+  auto issue_dq = [&](auto& acc_dq, int b) {
+    if constexpr (Traits::kDqSplitKeys) {
+      wgmma_issue<true>(mma_dq, tQrdS(_, _, _, consumer, b), tQrK(_, _, _, consumer), acc_dq);
+    } else {
+      CUTE_UNROLL
+      for (int c = 0; c < Traits::kConsumers; ++c) {
+        if (c == 0) wgmma_issue<true>(mma_dq, tQrdS(_, _, _, c, b), tQrK(_, _, _, c), acc_dq);
+        else wgmma_issue<false>(mma_dq, tQrdS(_, _, _, c, b), tQrK(_, _, _, c), acc_dq);
+      }
+    }
+  };
+  // dQ partial -> dq_accum straight from registers: four values per thread and vector
+  // reduction, the warp's 512 bytes contiguous (bwd_dq_convert.h undoes the order). Measured
+  // 0-6% faster than staging through shared memory for one bulk reduce-add.
+  auto add_dq = [&](auto const& acc_dq, float* dst) {
+    static_assert(size(std::decay_t<decltype(acc_dq)>{}) % 4 == 0);
+    CUTE_UNROLL
+    for (int e = 0; e < size(acc_dq); e += 4)
+      red_add_f32x4(dst + e * 128, acc_dq(e), acc_dq(e + 1), acc_dq(e + 2), acc_dq(e + 3));
+  };
   for (int g = 0; g < args.heads_per_kv; ++g) {
     float* dq_accum_head = args.dq_accum + int64_t(pair_slot0 + g) * args.seqlen_q_padded * kHeadDim;
-    for (int i = 0; i < range.count(); ++i) {
+    for (int i = 0; i < range.count(); ++i, ++t) {
       const int m = range.at(i);
-      const int q_stage = q_state.index();
-      const int do_stage = do_state.index();
+      const int s = stage.index();
+      const int buffer = t & 1;
       AccS acc_s, acc_dp;
-      pipeline_q.consumer_wait(q_state);
-      wgmma_issue<true>(mma_sdp, tSrK, tSrQ(_, _, _, q_stage), acc_s);
-      pipeline_do.consumer_wait(do_state);
-      wgmma_issue<true>(mma_sdp, tSrV, tSrdO(_, _, _, do_stage), acc_dp);
+      pipeline_q.consumer_wait(stage);
+      wgmma_issue<true>(mma_sdp, tSrK, tSrQ(_, _, _, s), acc_s);
+      pipeline_do.consumer_wait(stage);
+      wgmma_issue<true>(mma_sdp, tSrV, tSrdO(_, _, _, s), acc_dp);
 
       // Per column (query row): lse in log2 units from the stage, loaded while Sᵀ still runs where
       // registers allow (shared-memory loads wait long behind the WGMMA operand traffic);
       // 128-row blocks read them where they are used.
-      const float* lse_log2 = storage.lse_log2.data() + q_stage * kBlockM + thread_col;
+      const float* lse_log2 = storage.lse_log2.data() + s * kBlockM + thread_col;
       float lse_cols[kPrefetchStats ? kCols : 1];
       if constexpr (kPrefetchStats) {
         CUTE_UNROLL
@@ -136,7 +173,7 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
         for (int r = 0; r < size<0>(s_rc); ++r) s_rc(r, c) = fast_exp2(fmaf(s_rc(r, c), args.scale_log2, -lse));
       }
       // rowsum(dO∘O) per column, the same way.
-      const float* row_dot = storage.row_dot.data() + do_stage * kBlockM + thread_col;
+      const float* row_dot = storage.row_dot.data() + s * kBlockM + thread_col;
       float dot_cols[kPrefetchStats ? kCols : 1];
       if constexpr (kPrefetchStats) {
         CUTE_UNROLL
@@ -153,45 +190,51 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
         for (int r = 0; r < size<0>(dp_rc); ++r) dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - dot);
       }
       convert_fragment_into(acc_s, p_regs);
-      wgmma_issue<false>(mma_dkv, tDrP, tDrdO(_, _, _, do_stage), acc_dv);
+      wgmma_issue<false>(mma_dkv, tDrP, tDrdO(_, _, _, s), acc_dv);
       convert_fragment_into(acc_dp, ds_regs);
 
-      // dS to shared memory for dQ; with a head-dim split dQ needs both consumers' dS.
+      // dS to shared memory for dQ (stmatrix, then fenced for the WGMMA's async proxy).
+      if (kDeferDq && t >= 2) named_barrier_sync(ds_free(consumer, buffer), 256);
       copy(ds_copy, tDSrdS, tDSsdS(_, _, _, consumer, buffer));
-      cutlass::arch::fence_view_async_shared();  // generic-proxy writes visible to WGMMA
-      if constexpr (Traits::kDqSplitKeys) named_barrier_sync(consumer_barrier, 128);
+      cutlass::arch::fence_view_async_shared();
+      if constexpr (kDeferDq) named_barrier_arrive(ds_full(consumer, buffer), 256);
+      else if constexpr (Traits::kDqSplitKeys) named_barrier_sync(consumer_barrier, 128);
       else named_barrier_sync(int(BwdBarrier::kDsReady), 128 * Traits::kConsumers);
-      // dQ first, then dK: dQ's partial is added while dK still runs on the tensor cores.
-      Tensor acc_dq = partition_fragment_C(mma_dq, typename Traits::TileDq{});
-      if constexpr (Traits::kDqSplitKeys) {
-        wgmma_issue<true>(mma_dq, tQrdS(_, _, _, consumer, buffer), tQrK(_, _, _, consumer), acc_dq);
-      } else {
-        CUTE_UNROLL
-        for (int c = 0; c < Traits::kConsumers; ++c) {
-          if (c == 0) wgmma_issue<true>(mma_dq, tQrdS(_, _, _, c, buffer), tQrK(_, _, _, c), acc_dq);
-          else wgmma_issue<false>(mma_dq, tQrdS(_, _, _, c, buffer), tQrK(_, _, _, c), acc_dq);
-        }
-      }
-      wgmma_issue<false>(mma_dkv, tDrdS, tDrQ(_, _, _, q_stage), acc_dk);
-      warpgroup_wait<1>();  // dV and dQ (dK may still run)
-      pipeline_do.consumer_release(do_state);
-      ++do_state;
-      buffer ^= 1;
 
-      // dQ partial -> dq_accum straight from registers: four values per thread and vector
-      // reduction, the warp's 512 bytes contiguous (bwd_dq_convert.h undoes the order). Measured
-      // 0-6% faster than staging through shared memory for one bulk reduce-add.
-      {
-        static_assert(size(decltype(acc_dq){}) % 4 == 0);
-        float* dst = dq_accum_head + int64_t(m) * kBlockM * kHeadDim + dq_region * kDqElems + tid * 4;
-        CUTE_UNROLL
-        for (int i = 0; i < size(acc_dq); i += 4)
-          red_add_f32x4(dst + i * 128, acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
+      // dQ before dK, so that dQ's partial is added while dK still runs on the tensor cores.
+      // Each branch waits for its own dQ: ptxas serializes the WGMMAs if an accumulator's
+      // issue and wait sit on different paths.
+      const bool dq_now = !kDeferDq || t >= 1;
+      const int dq_buffer = kDeferDq ? buffer ^ 1 : buffer;
+      if (dq_now) {
+        if constexpr (kDeferDq) named_barrier_sync(ds_full(other, dq_buffer), 256);
+        Tensor acc_dq = partition_fragment_C(mma_dq, typename Traits::TileDq{});
+        issue_dq(acc_dq, dq_buffer);
+        wgmma_issue<false>(mma_dkv, tDrdS, tDrQ(_, _, _, s), acc_dk);
+        warpgroup_wait<1>();  // dV and dQ (dK may still run)
+        if (kDeferDq && t + 1 < blocks) named_barrier_arrive(ds_free(other, dq_buffer), 256);
+        pipeline_do.consumer_release(stage);
+        float* block_dst = dq_accum_head + int64_t(m) * kBlockM * kHeadDim + dq_region * kDqElems + tid * 4;
+        add_dq(acc_dq, kDeferDq ? dq_dst : block_dst);
+      } else {
+        wgmma_issue<false>(mma_dkv, tDrdS, tDrQ(_, _, _, s), acc_dk);
+        warpgroup_wait<1>();  // dV
+        pipeline_do.consumer_release(stage);
       }
+      dq_dst = dq_accum_head + int64_t(m) * kBlockM * kHeadDim + dq_region * kDqElems + tid * 4;
       warpgroup_wait<0>();  // dK
-      pipeline_q.consumer_release(q_state);
-      ++q_state;
+      pipeline_q.consumer_release(stage);
+      ++stage;
     }
+  }
+  // The last block's dQ.
+  if (kDeferDq && blocks > 0) {
+    const int dq_buffer = (blocks - 1) & 1;
+    named_barrier_sync(ds_full(other, dq_buffer), 256);
+    Tensor acc_dq = partition_fragment_C(mma_dq, typename Traits::TileDq{});
+    issue_dq(acc_dq, dq_buffer);
+    warpgroup_wait<0>();
+    add_dq(acc_dq, dq_dst);
   }
 
   // Epilogue: dK (scaled) and dV into this consumer's K and V tiles, then TMA stores (clipped

@@ -28,7 +28,7 @@ CUTE_DEVICE Pipeline make_bwd_pipeline(typename Pipeline::SharedStorage& storage
   return Pipeline(storage, params, cute::Shape<cute::_1, cute::_1, cute::_1>{});
 }
 
-template <class Traits>
+template <class Traits, bool kDeferDq = false>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     bwd_kernel(__grid_constant__ const BwdParams<Traits> params) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if constexpr (Traits::kSplitsHeadDim)
       consume_bwd_wide<Traits>(params, storage, pipeline_q, pipeline_do, warp_group - 1, n_block, kv_head, batch);
     else
-      consume_bwd<Traits>(params, storage, pipeline_q, pipeline_do, warp_group - 1, n_block, kv_head, batch);
+      consume_bwd<Traits, kDeferDq>(params, storage, pipeline_q, pipeline_do, warp_group - 1, n_block, kv_head, batch);
   }
 #endif
 }

@@ -24,7 +24,18 @@ template <class Element, int kHeadDim>
 Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
   using Traits = BwdTraitsFor<Element, kHeadDim>;
   static_assert(kBwdRowPadding % Traits::kBlockM == 0);
+  // The key-split kernel (hd 64) issues dQ one block late where a CTA loops over enough query
+  // blocks (bwd_consumer.h). Measured on the H200 (hd 64, in-process A/B against the same
+  // kernel without it): 16 blocks per CTA +0.3 to +1.4 % time, 32 blocks -1 to -3.5 %, 64-128
+  // blocks -3.4 to -4.8 % (causal: about half of that at the same seqlen).
+  constexpr bool kCanDeferDq = !Traits::kSplitsHeadDim && !Traits::kDqSplitKeys;
+  constexpr int kDeferDqMinBlocks = 24;
+  const int query_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+  const int blocks_per_cta = p.heads_per_kv * (p.causal ? (query_blocks + 1) / 2 : query_blocks);
   auto kernel = &bwd_kernel<Traits>;
+  if constexpr (kCanDeferDq) {
+    if (blocks_per_cta >= kDeferDqMinBlocks) kernel = &bwd_kernel<Traits, true>;
+  }
   constexpr int kSmem = Traits::kSmemBytes;
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return cuda_status(err, "cudaGetDevice");
@@ -51,9 +62,12 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
       return make_status(StatusCode::kNotSupported,
                          "hopper path backward, headdim %d: needs %d bytes of shared memory per block, "
                          "the device allows %d", kHeadDim, kSmem, smem_optin);
-    if (cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-        err != cudaSuccess)
-      return cuda_status(err, "cudaFuncSetAttribute (no sm90a kernel image for this GPU?)");
+    cudaError_t err = cudaFuncSetAttribute(&bwd_kernel<Traits>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if constexpr (kCanDeferDq) {
+      if (err == cudaSuccess)
+        err = cudaFuncSetAttribute(&bwd_kernel<Traits, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    }
+    if (err != cudaSuccess) return cuda_status(err, "cudaFuncSetAttribute (no sm90a kernel image for this GPU?)");
     if (device < kCachedDevices) prepared[device].store(true, std::memory_order_release);
   }
 
@@ -111,7 +125,6 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
   const int pairs = p.batch * p.nheads_kv;
   const int chunk = static_cast<int>(workspace.chunk_pairs);
   const int key_blocks = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
-  const int query_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
   for (int pair_begin = 0; pair_begin < pairs; pair_begin += chunk) {
     const int count = std::min(chunk, pairs - pair_begin);
     if (p.seqlen_q > 0) {  // dq_ready and the chunk's dq_accum, contiguous

@@ -18,6 +18,8 @@ enum class FwdBarrier : int {
 enum class BwdBarrier : int {
   kDsReady = 1,
   kConsumer0 = 2,  // kConsumer0 + c
+  kDsFull0 = 4,    // + 2 * owner + buffer: the owner's dS tile in that buffer is written
+  kDsFree0 = 8,    // + 2 * owner + buffer: the other consumer's dQ GEMM has read it
 };
 
 CUTE_DEVICE void named_barrier_sync(int id, int threads) {
