@@ -4,7 +4,8 @@
 // split dQ by head-dim columns, keys or query rows (bwd_traits.h).
 // Split 3: the wide design (bwd_wide_traits.h): the consumers split the keys for S and dP and
 // the head dim for everything else; 64-row blocks, keys per CTA a multiple of 16. Head dim 256
-// fits only this one.
+// fits only this one. Head dim 128 measured faster on split 0 with the deferred dQ of
+// bwd_consumer.h (4-5 % from 2k on).
 // FLASHCUTE_HOPPER_BWD_TILES overrides them for tuning.
 #pragma once
 
@@ -19,7 +20,7 @@
 #define FLASHCUTE_HOPPER_BWD_TILE_96 2, 1, 64, 128
 #endif
 #ifndef FLASHCUTE_HOPPER_BWD_TILE_128
-#define FLASHCUTE_HOPPER_BWD_TILE_128 2, 3, 64, 128
+#define FLASHCUTE_HOPPER_BWD_TILE_128 2, 0, 64, 128
 #endif
 #ifndef FLASHCUTE_HOPPER_BWD_TILE_256
 #define FLASHCUTE_HOPPER_BWD_TILE_256 2, 3, 64, 80

@@ -2,7 +2,7 @@
 // fp32 buffer. One CTA per (key block, batch, kv head) of the current dq_accum chunk.
 //
 // Warpgroup 0 is the producer (registers lowered, one thread issues the loads); warpgroups 1
-// and 2 are the consumers, 64 keys each, or (hd 128/256) half of the head dim each
+// and 2 are the consumers, 64 keys each, or (hd 256) half of the head dim each
 // (and half of the keys for S and dP).
 // Q and dO flow through separate mbarrier pipelines.
 #pragma once

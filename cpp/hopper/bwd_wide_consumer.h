@@ -1,5 +1,5 @@
 // Consumer warpgroups of the Hopper-path backward that splits the head dim (bwd_wide_traits.h,
-// hd 128 and 256): the two consumers split each block's keys for S and dP, exchange P and dS
+// hd 256): the two consumers split each block's keys for S and dP, exchange P and dS
 // through shared memory, and split the head dim for dV, dK and dQ.
 //
 // Order inside a block: S and dP issued together; P, then dS, to shared memory; one barrier

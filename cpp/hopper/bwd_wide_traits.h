@@ -1,7 +1,6 @@
 // Tile shapes, shared-memory layouts, MMAs and TMA types of the Hopper-path backward that
-// splits the head dim (hd 128 and 256). At hd 256 one consumer cannot hold dK and dV of 64 keys
-// in registers (64 keys × 256 columns × 2 = 256 fp32 registers per thread); at hd 128 this
-// design measured faster than the key split of bwd_traits.h.
+// splits the head dim (hd 256; hd 128 as a tuning choice). At hd 256 one consumer cannot hold
+// dK and dV of 64 keys in registers (64 keys × 256 columns × 2 = 256 fp32 registers per thread).
 //
 // A CTA owns kBlockN keys (hd 256: 80, hd 128: 128); the two consumer warpgroups split the
 // keys for S and dP and the head dim for everything else. Per query block of 64 rows:
@@ -49,6 +48,7 @@ struct BwdWideTraits {
   // one 64-column chunk per region, region = consumer · kDqChunks + chunk.
   static constexpr bool kDqSplitCols = true;
   static constexpr bool kDqSplitRows = false;
+  static constexpr bool kDqSplitKeys = false;
   static constexpr int kDqRows = kBlockM;
   static constexpr int kDqCols = kDqChunkCols;
   static constexpr int kDqRegions = kConsumers * kDqChunks;
