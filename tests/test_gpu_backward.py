@@ -194,8 +194,8 @@ def test_grouped_query_into_poisoned_buffers(gen, headdim, dtype, nheads, nheads
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("seqlen_q, seqlen_k", [(1500, 1100), (1100, 1500)], ids=["1500x1100", "1100x1500"])
 def test_long_query_loop_per_key_block(gen, headdim, causal, seqlen_q, seqlen_k):
-    """Many query blocks per key block (GQA 4:1): the Hopper hd 64 kernel then issues each
-    block's dQ one block late, which short loops do not."""
+    """Many query blocks per key block (GQA 4:1): the Hopper hd 64 and 128 kernels then issue
+    each block's dQ one block late, which short loops do not."""
     if headdim not in BWD_HEAD_DIMS or "bfloat16" not in BWD_DTYPES:
         pytest.skip(f"headdim {headdim} bf16 not built")
     q, k, v = make_qkv(gen, 1, seqlen_q, seqlen_k, 8, 2, headdim, "bfloat16")

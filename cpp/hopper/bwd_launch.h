@@ -24,10 +24,11 @@ template <class Element, int kHeadDim>
 Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
   using Traits = BwdTraitsFor<Element, kHeadDim>;
   static_assert(kBwdRowPadding % Traits::kBlockM == 0);
-  // The key-split kernel (hd 64) issues dQ one block late where a CTA loops over enough query
-  // blocks (bwd_consumer.h). Measured on the H200 (hd 64, in-process A/B against the same
-  // kernel without it): 16 blocks per CTA +0.3 to +1.4 % time, 32 blocks -1 to -3.5 %, 64-128
-  // blocks -3.4 to -4.8 % (causal: about half of that at the same seqlen).
+  // The key-split kernels whose dQ needs both consumers' dS (hd 64, 128) issue dQ one block
+  // late where a CTA loops over enough query blocks (bwd_consumer.h). Measured on the H200
+  // (hd 64, in-process A/B against the same kernel without it): 16 blocks per CTA +0.3 to
+  // +1.4 % time, 32 blocks -1 to -3.5 %, 64-128 blocks -3.4 to -4.8 % (causal: about half of
+  // that at the same seqlen).
   constexpr bool kCanDeferDq = !Traits::kSplitsHeadDim && !Traits::kDqSplitKeys;
   constexpr int kDeferDqMinBlocks = 24;
   const int query_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
