@@ -206,6 +206,7 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
       // issue and wait sit on different paths.
       const bool dq_now = !kDeferDq || t >= 1;
       const int dq_buffer = kDeferDq ? buffer ^ 1 : buffer;
+      float* block_dst = dq_accum_head + int64_t(m) * kBlockM * kHeadDim + dq_region * kDqElems + tid * 4;
       if (dq_now) {
         if constexpr (kDeferDq) named_barrier_sync(ds_full(other, dq_buffer), 256);
         Tensor acc_dq = partition_fragment_C(mma_dq, typename Traits::TileDq{});
@@ -214,14 +215,13 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
         warpgroup_wait<1>();  // dV and dQ (dK may still run)
         if (kDeferDq && t + 1 < blocks) named_barrier_arrive(ds_free(other, dq_buffer), 256);
         pipeline_do.consumer_release(stage);
-        float* block_dst = dq_accum_head + int64_t(m) * kBlockM * kHeadDim + dq_region * kDqElems + tid * 4;
         add_dq(acc_dq, kDeferDq ? dq_dst : block_dst);
       } else {
         wgmma_issue<false>(mma_dkv, tDrdS, tDrQ(_, _, _, s), acc_dk);
         warpgroup_wait<1>();  // dV
         pipeline_do.consumer_release(stage);
       }
-      dq_dst = dq_accum_head + int64_t(m) * kBlockM * kHeadDim + dq_region * kDqElems + tid * 4;
+      dq_dst = block_dst;
       warpgroup_wait<0>();  // dK
       pipeline_q.consumer_release(stage);
       ++stage;
