@@ -123,7 +123,8 @@ FwdKernelParams kernel_params(const AttentionForwardParams& p) {
 BwdWorkspace workspace_layout(const AttentionBackwardParams& p, Backend resolved) {
   const bool hopper = resolved == Backend::kHopper;
   return bwd_workspace(p.batch, p.nheads, p.nheads_kv, p.seqlen_q, p.seqlen_k, p.headdim,
-                       /*lse_log2=*/hopper, /*dq_accum=*/hopper || !p.deterministic, /*dq_ready=*/hopper);
+                       /*lse_log2=*/hopper, /*dq_accum=*/hopper || !p.deterministic, /*dq_ready=*/hopper,
+                       /*tail_split=*/hopper && hopper_bwd_tail_split(p.causal));
 }
 
 Status check_backward(const AttentionBackwardParams& p) {
@@ -181,6 +182,11 @@ BwdKernelParams kernel_params(const AttentionBackwardParams& p, Backend resolved
   if (workspace.has_lse_log2) k.lse_log2 = reinterpret_cast<float*>(base + workspace.lse_log2_offset);
   if (workspace.has_dq_accum) k.dq_accum = reinterpret_cast<float*>(base + workspace.dq_accum_offset);
   if (workspace.has_dq_ready) k.dq_ready = reinterpret_cast<int*>(base + workspace.dq_ready_offset);
+  if (workspace.split_tiles > 0) {
+    k.split_done = reinterpret_cast<int*>(base + workspace.split_done_offset);
+    k.dkv_accum = reinterpret_cast<float*>(base + workspace.dkv_accum_offset);
+    k.split_tiles_max = static_cast<int>(workspace.split_tiles);
+  }
   k.q_batch_stride = p.q_batch_stride, k.q_row_stride = p.q_row_stride, k.q_head_stride = p.q_head_stride;
   k.k_batch_stride = p.k_batch_stride, k.k_row_stride = p.k_row_stride, k.k_head_stride = p.k_head_stride;
   k.v_batch_stride = p.v_batch_stride, k.v_row_stride = p.v_row_stride, k.v_head_stride = p.v_head_stride;

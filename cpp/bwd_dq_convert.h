@@ -10,13 +10,14 @@
 //
 // kAwaitAdds (Hopper path): the kernel runs as the dK/dV kernel's programmatic dependent, so
 // its CTAs may start while that grid's last wave still runs; each waits until dq_ready has
-// counted every dK/dV CTA of its (batch, kv head) pair.
+// counted every dK/dV CTA of its (batch, kv head) pair (split ones count each part).
 #pragma once
 
 #include <cute/tensor.hpp>
 #include <cutlass/array.h>
 #include <cutlass/numeric_conversion.h>
 
+#include "bwd_tail_split.h"
 #include "kernel_params.h"
 
 namespace flashcute {
@@ -33,7 +34,7 @@ CUTE_DEVICE void await_count(const int* counter, int expected) {
 
 template <class Layout, bool kAwaitAdds = false>
 __global__ void __launch_bounds__(Layout::kDqRegionThreads * Layout::kDqRegions)
-    bwd_convert_dq_kernel(__grid_constant__ const BwdKernelParams params, int pair_begin) {
+    bwd_convert_dq_kernel(__grid_constant__ const BwdKernelParams params, int pair_begin, BwdTailSplit split = {}) {
 #if defined(__CUDA_ARCH__)
   using namespace cute;
   using Element = typename Layout::Element;
@@ -48,9 +49,10 @@ __global__ void __launch_bounds__(Layout::kDqRegionThreads * Layout::kDqRegions)
   const int region = threadIdx.x / kThreads;
   const int tid = threadIdx.x % kThreads;
   if constexpr (kAwaitAdds) {  // every dK/dV CTA of the pair counts itself once
-    if (threadIdx.x == 0)
-      await_count(params.dq_ready + slot / params.heads_per_kv,
-                  (params.seqlen_k + Layout::kBlockN - 1) / Layout::kBlockN);
+    if (threadIdx.x == 0) {
+      const int pair_slot = slot / params.heads_per_kv;
+      await_count(params.dq_ready + pair_slot, split.ctas_of_pair(pair_slot));
+    }
     __syncthreads();
   }
 

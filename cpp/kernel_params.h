@@ -47,6 +47,11 @@ struct BwdKernelParams {
   // (chunk pairs) or null: the dK/dV CTAs of each (batch, kv head) pair done adding dQ (Hopper
   // path; the dQ conversion waits for them instead of for the whole kernel)
   int* __restrict__ dq_ready;
+  // Hopper path without causal masking: room for split_tiles_max split tiles of the last wave
+  // (bwd_tail_split.h): parts done per tile and their fp32 dK, dV sums; null where none.
+  int* __restrict__ split_done;
+  float* __restrict__ dkv_accum;
+  int split_tiles_max;
 
   int64_t q_batch_stride, q_row_stride, q_head_stride;
   int64_t k_batch_stride, k_row_stride, k_head_stride;

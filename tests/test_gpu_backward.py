@@ -207,6 +207,33 @@ def test_long_query_loop_per_key_block(gen, headdim, causal, seqlen_q, seqlen_k)
     check_grads(result, q, k, v, dout, causal=causal)
 
 
+# (batch, seqlen_q, seqlen_k, nheads_kv) with more key-block CTAs than the 132 SMs of an H100
+# or H200, not a multiple of them: 144 CTAs of 128 keys, or for hd 256 140 and 133 of 80 keys.
+_SPLIT_SHAPES = {
+    "short": {64: (3, 1100, 1000, 6), 96: (3, 1100, 1000, 6), 128: (3, 1100, 1000, 6),
+              256: (2, 1100, 800, 7)},
+    "long": {64: (2, 700, 1500, 6), 96: (2, 700, 1500, 6), 128: (2, 700, 1500, 6),
+             256: (1, 700, 1500, 7)},
+}
+
+
+@pytest.mark.parametrize("headdim", [64, 96, 128, 256])
+@pytest.mark.parametrize("shape", sorted(_SPLIT_SHAPES))
+def test_split_last_wave(gen, headdim, shape):
+    """The Hopper kernels split the last wave's key-block tiles into parts that walk a share of
+    the query blocks each (across the GQA group's heads) and sum dK, dV in fp32."""
+    if headdim not in BWD_HEAD_DIMS or "bfloat16" not in BWD_DTYPES:
+        pytest.skip(f"headdim {headdim} bf16 not built")
+    batch, seqlen_q, seqlen_k, nheads_kv = _SPLIT_SHAPES[shape][headdim]
+    q, k, v = make_qkv(gen, batch, seqlen_q, seqlen_k, 2 * nheads_kv, nheads_kv, headdim, "bfloat16")
+    dout = randn_like(gen, q)
+    out, lse = forward_for_backward(q, k, v, causal=False)
+    bufs = [torch.full_like(x, math.nan) for x in (q, k, v)]
+    result = flashcute.attention_backward(dout, q, k, v, out, lse, causal=False,
+                                          dq=bufs[0], dk=bufs[1], dv=bufs[2])
+    check_grads(result, q, k, v, dout, causal=False)
+
+
 @pytest.mark.parametrize("headdim, dtype", _per_dim((64, 128, 256)))
 @pytest.mark.parametrize("layout", ["bhsd", "padded"])
 @pytest.mark.parametrize("bwd_backend", BWD_BACKENDS, ids=lambda b: f"bwd-{b or 'default'}")

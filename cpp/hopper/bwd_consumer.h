@@ -24,7 +24,7 @@ namespace flashcute::hopper {
 template <class Traits, bool kDeferDq>
 CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::SharedStorage& storage,
                              typename Traits::PipelineQ& pipeline_q, typename Traits::PipelineDo& pipeline_do,
-                             int consumer, int n_block, int kv_head, int batch) {
+                             int consumer, BwdTile const& tile) {
   using namespace cute;
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
@@ -32,6 +32,7 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
   constexpr int kDqElems = Traits::kDqElems;
   const BwdKernelParams& args = params.args;
   const int tid = threadIdx.x % 128;
+  const int n_block = tile.n_block, kv_head = tile.kv_head, batch = tile.batch;
 
   typename Traits::TiledMmaSdP mma_sdp;
   typename Traits::TiledMmaDkv mma_dkv;
@@ -114,11 +115,11 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
   //   ds_full(owner, b): the owner's dS in buffer b is written;
   //   ds_free(owner, b): the other consumer's dQ GEMM reading it has completed.
   static_assert(!kDeferDq || !Traits::kDqSplitKeys, "split 1 needs no other consumer's dS");
-  const int blocks = args.heads_per_kv * range.count();
+  const int blocks = tile.block_end - tile.block_begin;
   const int other = consumer ^ 1;
   auto ds_full = [](int owner, int b) { return int(BwdBarrier::kDsFull0) + 2 * owner + b; };
   auto ds_free = [](int owner, int b) { return int(BwdBarrier::kDsFree0) + 2 * owner + b; };
-  int t = 0;             // blocks done, over the GQA group's heads
+  int t = 0;             // blocks done by this CTA, over the GQA group's heads
   float* dq_dst = nullptr;  // where block t - 1's dQ partial goes
   // dQ partial = dS·K over both consumers' keys (splits 0 and 2) or this consumer's (split 1).
   auto issue_dq = [&](auto& acc_dq, int b) {
@@ -132,100 +133,97 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
       }
     }
   };
-  // dQ partial -> dq_accum straight from registers: four values per thread and vector
-  // reduction, the warp's 512 bytes contiguous (bwd_dq_convert.h undoes the order). Measured
-  // 0-6% faster than staging through shared memory for one bulk reduce-add.
-  auto add_dq = [&](auto const& acc_dq, float* dst) {
-    static_assert(size(std::decay_t<decltype(acc_dq)>{}) % 4 == 0);
-    CUTE_UNROLL
-    for (int e = 0; e < size(acc_dq); e += 4)
-      red_add_f32x4(dst + e * 128, acc_dq(e), acc_dq(e + 1), acc_dq(e + 2), acc_dq(e + 3));
-  };
-  for (int g = 0; g < args.heads_per_kv; ++g) {
-    float* dq_accum_head = args.dq_accum + int64_t(pair_slot0 + g) * args.seqlen_q_padded * kHeadDim;
-    for (int i = 0; i < range.count(); ++i, ++t) {
-      const int m = range.at(i);
-      const int s = stage.index();
-      const int buffer = t & 1;
-      AccS acc_s, acc_dp;
-      pipeline_q.consumer_wait(stage);
-      wgmma_issue<true>(mma_sdp, tSrK, tSrQ(_, _, _, s), acc_s);
-      pipeline_do.consumer_wait(stage);
-      wgmma_issue<true>(mma_sdp, tSrV, tSrdO(_, _, _, s), acc_dp);
+  // dQ partials go to dq_accum straight from registers (red_add_fragment; bwd_dq_convert.h
+  // undoes the order). Measured 0-6% faster than staging through shared memory for one bulk
+  // reduce-add.
+  // This CTA's blocks, head by head: block i of the key block's range, of head g of the group.
+  const int count = range.count();
+  const int g0 = count > 0 ? tile.block_begin / count : 0;
+  int i = tile.block_begin - g0 * count;
+  float* dq_accum_head = args.dq_accum + int64_t(pair_slot0 + g0) * args.seqlen_q_padded * kHeadDim;
+  for (; t < blocks; ++t) {
+    const int m = range.at(i);
+    const int s = stage.index();
+    const int buffer = t & 1;
+    AccS acc_s, acc_dp;
+    pipeline_q.consumer_wait(stage);
+    wgmma_issue<true>(mma_sdp, tSrK, tSrQ(_, _, _, s), acc_s);
+    pipeline_do.consumer_wait(stage);
+    wgmma_issue<true>(mma_sdp, tSrV, tSrdO(_, _, _, s), acc_dp);
 
-      // Per column (query row): lse in log2 units from the stage, loaded while Sᵀ still runs where
-      // registers allow (shared-memory loads wait long behind the WGMMA operand traffic);
-      // 128-row blocks read them where they are used.
-      const float* lse_log2 = storage.lse_log2.data() + s * kBlockM + thread_col;
-      float lse_cols[kPrefetchStats ? kCols : 1];
-      if constexpr (kPrefetchStats) {
-        CUTE_UNROLL
-        for (int c = 0; c < kCols; ++c) lse_cols[c] = lse_log2[get<1>(offsets_rc(0, c))];
-      }
-      warpgroup_wait<1>();  // Sᵀ
-      Tensor s_rc = rowcol_view(acc_s);
-      if (m < range.masked_end)  // warp-uniform: the bulk skips the mask
-        apply_mask_transposed(mask, s_rc, offsets_rc, key0 + thread_key, m * kBlockM + thread_col);
+    // Per column (query row): lse in log2 units from the stage, loaded while Sᵀ still runs where
+    // registers allow (shared-memory loads wait long behind the WGMMA operand traffic);
+    // 128-row blocks read them where they are used.
+    const float* lse_log2 = storage.lse_log2.data() + s * kBlockM + thread_col;
+    float lse_cols[kPrefetchStats ? kCols : 1];
+    if constexpr (kPrefetchStats) {
       CUTE_UNROLL
-      for (int c = 0; c < kCols; ++c) {
-        const float lse = kPrefetchStats ? lse_cols[kPrefetchStats ? c : 0] : lse_log2[get<1>(offsets_rc(0, c))];
-        CUTE_UNROLL
-        for (int r = 0; r < size<0>(s_rc); ++r) s_rc(r, c) = fast_exp2(fmaf(s_rc(r, c), args.scale_log2, -lse));
-      }
-      // rowsum(dO∘O) per column, the same way.
-      const float* row_dot = storage.row_dot.data() + s * kBlockM + thread_col;
-      float dot_cols[kPrefetchStats ? kCols : 1];
-      if constexpr (kPrefetchStats) {
-        CUTE_UNROLL
-        for (int c = 0; c < kCols; ++c) dot_cols[c] = row_dot[get<1>(offsets_rc(0, c))];
-      }
-      // dS = P∘(dPᵀ − rowsum(dO∘O)) while P is still fp32, then dV += Pᵀ·dO (measured faster than
-      // issuing dV first, and fewer live registers).
-      warpgroup_wait<0>();  // dPᵀ
-      Tensor dp_rc = rowcol_view(acc_dp);
-      CUTE_UNROLL
-      for (int c = 0; c < kCols; ++c) {
-        const float dot = kPrefetchStats ? dot_cols[kPrefetchStats ? c : 0] : row_dot[get<1>(offsets_rc(0, c))];
-        CUTE_UNROLL
-        for (int r = 0; r < size<0>(dp_rc); ++r) dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - dot);
-      }
-      convert_fragment_into(acc_s, p_regs);
-      wgmma_issue<false>(mma_dkv, tDrP, tDrdO(_, _, _, s), acc_dv);
-      convert_fragment_into(acc_dp, ds_regs);
-
-      // dS to shared memory for dQ (stmatrix, then fenced for the WGMMA's async proxy).
-      if (kDeferDq && t >= 2) named_barrier_sync(ds_free(consumer, buffer), 256);
-      copy(ds_copy, tDSrdS, tDSsdS(_, _, _, consumer, buffer));
-      cutlass::arch::fence_view_async_shared();
-      if constexpr (kDeferDq) named_barrier_arrive(ds_full(consumer, buffer), 256);
-      else if constexpr (Traits::kDqSplitKeys) named_barrier_sync(consumer_barrier, 128);
-      else named_barrier_sync(int(BwdBarrier::kDsReady), 128 * Traits::kConsumers);
-
-      // dQ before dK, so that dQ's partial is added while dK still runs on the tensor cores.
-      // Each branch waits for its own dQ: ptxas serializes the WGMMAs if an accumulator's
-      // issue and wait sit on different paths.
-      const bool dq_now = !kDeferDq || t >= 1;
-      const int dq_buffer = kDeferDq ? buffer ^ 1 : buffer;
-      float* block_dst = dq_accum_head + int64_t(m) * kBlockM * kHeadDim + dq_region * kDqElems + tid * 4;
-      if (dq_now) {
-        if constexpr (kDeferDq) named_barrier_sync(ds_full(other, dq_buffer), 256);
-        Tensor acc_dq = partition_fragment_C(mma_dq, typename Traits::TileDq{});
-        issue_dq(acc_dq, dq_buffer);
-        wgmma_issue<false>(mma_dkv, tDrdS, tDrQ(_, _, _, s), acc_dk);
-        warpgroup_wait<1>();  // dV and dQ (dK may still run)
-        if (kDeferDq && t + 1 < blocks) named_barrier_arrive(ds_free(other, dq_buffer), 256);
-        pipeline_do.consumer_release(stage);
-        add_dq(acc_dq, kDeferDq ? dq_dst : block_dst);
-      } else {
-        wgmma_issue<false>(mma_dkv, tDrdS, tDrQ(_, _, _, s), acc_dk);
-        warpgroup_wait<1>();  // dV
-        pipeline_do.consumer_release(stage);
-      }
-      dq_dst = block_dst;
-      warpgroup_wait<0>();  // dK
-      pipeline_q.consumer_release(stage);
-      ++stage;
+      for (int c = 0; c < kCols; ++c) lse_cols[c] = lse_log2[get<1>(offsets_rc(0, c))];
     }
+    warpgroup_wait<1>();  // Sᵀ
+    Tensor s_rc = rowcol_view(acc_s);
+    if (m < range.masked_end)  // warp-uniform: the bulk skips the mask
+      apply_mask_transposed(mask, s_rc, offsets_rc, key0 + thread_key, m * kBlockM + thread_col);
+    CUTE_UNROLL
+    for (int c = 0; c < kCols; ++c) {
+      const float lse = kPrefetchStats ? lse_cols[kPrefetchStats ? c : 0] : lse_log2[get<1>(offsets_rc(0, c))];
+      CUTE_UNROLL
+      for (int r = 0; r < size<0>(s_rc); ++r) s_rc(r, c) = fast_exp2(fmaf(s_rc(r, c), args.scale_log2, -lse));
+    }
+    // rowsum(dO∘O) per column, the same way.
+    const float* row_dot = storage.row_dot.data() + s * kBlockM + thread_col;
+    float dot_cols[kPrefetchStats ? kCols : 1];
+    if constexpr (kPrefetchStats) {
+      CUTE_UNROLL
+      for (int c = 0; c < kCols; ++c) dot_cols[c] = row_dot[get<1>(offsets_rc(0, c))];
+    }
+    // dS = P∘(dPᵀ − rowsum(dO∘O)) while P is still fp32, then dV += Pᵀ·dO (measured faster than
+    // issuing dV first, and fewer live registers).
+    warpgroup_wait<0>();  // dPᵀ
+    Tensor dp_rc = rowcol_view(acc_dp);
+    CUTE_UNROLL
+    for (int c = 0; c < kCols; ++c) {
+      const float dot = kPrefetchStats ? dot_cols[kPrefetchStats ? c : 0] : row_dot[get<1>(offsets_rc(0, c))];
+      CUTE_UNROLL
+      for (int r = 0; r < size<0>(dp_rc); ++r) dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - dot);
+    }
+    convert_fragment_into(acc_s, p_regs);
+    wgmma_issue<false>(mma_dkv, tDrP, tDrdO(_, _, _, s), acc_dv);
+    convert_fragment_into(acc_dp, ds_regs);
+
+    // dS to shared memory for dQ (stmatrix, then fenced for the WGMMA's async proxy).
+    if (kDeferDq && t >= 2) named_barrier_sync(ds_free(consumer, buffer), 256);
+    copy(ds_copy, tDSrdS, tDSsdS(_, _, _, consumer, buffer));
+    cutlass::arch::fence_view_async_shared();
+    if constexpr (kDeferDq) named_barrier_arrive(ds_full(consumer, buffer), 256);
+    else if constexpr (Traits::kDqSplitKeys) named_barrier_sync(consumer_barrier, 128);
+    else named_barrier_sync(int(BwdBarrier::kDsReady), 128 * Traits::kConsumers);
+
+    // dQ before dK, so that dQ's partial is added while dK still runs on the tensor cores.
+    // Each branch waits for its own dQ: ptxas serializes the WGMMAs if an accumulator's
+    // issue and wait sit on different paths.
+    const bool dq_now = !kDeferDq || t >= 1;
+    const int dq_buffer = kDeferDq ? buffer ^ 1 : buffer;
+    float* block_dst = dq_accum_head + int64_t(m) * kBlockM * kHeadDim + dq_region * kDqElems + tid * 4;
+    if (dq_now) {
+      if constexpr (kDeferDq) named_barrier_sync(ds_full(other, dq_buffer), 256);
+      Tensor acc_dq = partition_fragment_C(mma_dq, typename Traits::TileDq{});
+      issue_dq(acc_dq, dq_buffer);
+      wgmma_issue<false>(mma_dkv, tDrdS, tDrQ(_, _, _, s), acc_dk);
+      warpgroup_wait<1>();  // dV and dQ (dK may still run)
+      if (kDeferDq && t + 1 < blocks) named_barrier_arrive(ds_free(other, dq_buffer), 256);
+      pipeline_do.consumer_release(stage);
+      red_add_fragment(kDeferDq ? dq_dst : block_dst, acc_dq);
+    } else {
+      wgmma_issue<false>(mma_dkv, tDrdS, tDrQ(_, _, _, s), acc_dk);
+      warpgroup_wait<1>();  // dV
+      pipeline_do.consumer_release(stage);
+    }
+    dq_dst = block_dst;
+    warpgroup_wait<0>();  // dK
+    pipeline_q.consumer_release(stage);
+    ++stage;
+    if (++i == count) i = 0, dq_accum_head += int64_t(args.seqlen_q_padded) * kHeadDim;
   }
   // The last block's dQ.
   if (kDeferDq && blocks > 0) {
@@ -234,29 +232,53 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
     Tensor acc_dq = partition_fragment_C(mma_dq, typename Traits::TileDq{});
     issue_dq(acc_dq, dq_buffer);
     warpgroup_wait<0>();
-    add_dq(acc_dq, dq_dst);
+    red_add_fragment(dq_dst, acc_dq);
   }
 
   // Epilogue: dK (scaled) and dV into this consumer's K and V tiles, then TMA stores (clipped
   // at seqlen_k). Every consumer's dQ GEMMs read all of K: wait for both first.
   CUTE_UNROLL
   for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= args.softmax_scale;
-  Tensor dk = convert_fragment<Element>(acc_dk);
-  Tensor dv = convert_fragment<Element>(acc_dv);
-  named_barrier_sync(int(BwdBarrier::kDsReady), 128 * Traits::kConsumers);
-  auto dkv_copy = make_tiled_copy_C(typename Traits::SmemCopyAtomStore{}, mma_dkv);
-  auto dkv_thr_copy = dkv_copy.get_thread_slice(tid);
-  copy(dkv_copy, dkv_thr_copy.retile_S(dk), dkv_thr_copy.partition_D(sK(_, _, consumer)));
-  copy(dkv_copy, dkv_thr_copy.retile_S(dv), dkv_thr_copy.partition_D(sV(_, _, consumer)));
-  cutlass::arch::fence_view_async_shared();
-  named_barrier_sync(consumer_barrier, 128);
-  if (tid == 0) {
-    store_dkv_tile<Traits>(params, sK(_, _, consumer), sV(_, _, consumer), n_block * Traits::kConsumers + consumer,
-                           kv_head, batch);
+  bool store = true;
+  const BwdTile end_tile = bwd_tile(params, cta_index_again());
+  if (end_tile.split >= 0) {
+    // A part of a split tile (bwd_tail_split.h): dK and dV added into the tile's fp32 sums, in
+    // register order like dQ; the part that counts itself last reads the sums back and stores.
+    constexpr int kConsumerElems = decltype(size(acc_dk))::value * 128;  // 64 keys × hd
+    float* sums = args.dkv_accum + int64_t(end_tile.split) * 2 * Traits::kBlockN * kHeadDim +
+                  consumer * kConsumerElems + tid * 4;
+    float* sums_dv = sums + Traits::kConsumers * kConsumerElems;
+    red_add_fragment(sums, acc_dk);
+    red_add_fragment(sums_dv, acc_dv);
+    named_barrier_sync(int(BwdBarrier::kDsReady), 128 * Traits::kConsumers);
+    if (consumer == 0 && tid == 0)
+      storage.last_part = count_arrive(args.split_done + end_tile.split) == params.split.parts - 1;
+    named_barrier_sync(int(BwdBarrier::kDsReady), 128 * Traits::kConsumers);
+    store = storage.last_part;
+    if (store) {
+      load_fragment_sums(acc_dk, sums);
+      load_fragment_sums(acc_dv, sums_dv);
+    }
+  } else {
+    named_barrier_sync(int(BwdBarrier::kDsReady), 128 * Traits::kConsumers);
+  }
+  if (store) {
+    Tensor dk = convert_fragment<Element>(acc_dk);
+    Tensor dv = convert_fragment<Element>(acc_dv);
+    auto dkv_copy = make_tiled_copy_C(typename Traits::SmemCopyAtomStore{}, mma_dkv);
+    auto dkv_thr_copy = dkv_copy.get_thread_slice(tid);
+    copy(dkv_copy, dkv_thr_copy.retile_S(dk), dkv_thr_copy.partition_D(sK(_, _, consumer)));
+    copy(dkv_copy, dkv_thr_copy.retile_S(dv), dkv_thr_copy.partition_D(sV(_, _, consumer)));
+    cutlass::arch::fence_view_async_shared();
+    named_barrier_sync(consumer_barrier, 128);
+    if (tid == 0) {
+      store_dkv_tile<Traits>(params, sK(_, _, consumer), sV(_, _, consumer),
+                             end_tile.n_block * Traits::kConsumers + consumer, end_tile.kv_head, end_tile.batch);
+    }
   }
   // Both consumers' dQ adds precede the kDsReady barrier above: count this CTA as done with
   // them (the fence waits here, at the CTA's end, in a warp that does not store dK and dV).
-  if (consumer == 1 && tid == 32 && args.dq_ready != nullptr) count_release(args.dq_ready + blockIdx.y);
+  if (consumer == 1 && tid == 32 && args.dq_ready != nullptr) count_release(args.dq_ready + end_tile.pair_slot);
 }
 
 }  // namespace flashcute::hopper

@@ -1,5 +1,6 @@
 // Hopper-path attention backward kernel (sm90a): dK and dV of one key block, dQ added into an
-// fp32 buffer. One CTA per (key block, batch, kv head) of the current dq_accum chunk.
+// fp32 buffer. One CTA per (key block, batch, kv head) of the current dq_accum chunk, or per
+// part of one where the last wave is split (bwd_tail_split.h).
 //
 // Warpgroup 0 is the producer (registers lowered, one thread issues the loads); warpgroups 1
 // and 2 are the consumers, 64 keys each, or (hd 256) half of the head dim each
@@ -45,10 +46,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   const int warp_group = __shfl_sync(0xffffffff, threadIdx.x / 128, 0);
   const bool producer_thread = threadIdx.x == 0;
-  const int n_block = blockIdx.x;  // causal: low key blocks meet the most rows and start first
-  const int pair = params.pair_begin + blockIdx.y;
-  const int batch = pair / params.args.nheads_kv;
-  const int kv_head = pair % params.args.nheads_kv;
+  const BwdTile tile = bwd_tile(params, blockIdx.x);
 
   if (producer_thread) {
     prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
@@ -64,13 +62,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
-    if (producer_thread) produce_bwd<Traits>(params, storage, pipeline_q, pipeline_do, n_block, kv_head, batch);
+    if (producer_thread) produce_bwd<Traits>(params, storage, pipeline_q, pipeline_do, tile);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
     if constexpr (Traits::kSplitsHeadDim)
-      consume_bwd_wide<Traits>(params, storage, pipeline_q, pipeline_do, warp_group - 1, n_block, kv_head, batch);
+      consume_bwd_wide<Traits>(params, storage, pipeline_q, pipeline_do, warp_group - 1, tile);
     else
-      consume_bwd<Traits, kDeferDq>(params, storage, pipeline_q, pipeline_do, warp_group - 1, n_block, kv_head, batch);
+      consume_bwd<Traits, kDeferDq>(params, storage, pipeline_q, pipeline_do, warp_group - 1, tile);
   }
 #endif
 }

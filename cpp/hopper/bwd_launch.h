@@ -1,6 +1,7 @@
 // Host-side launch of the Hopper-path backward for one (dtype, head dim), all on the caller's
 // stream: the row-wise prepare pass (row_dot, lse_log2), then per chunk of (batch, kv head)
-// pairs (bwd_workspace.h): zero dq_ready and dq_accum, the dK/dV kernel, the dQ conversion
+// pairs (bwd_workspace.h): zero dq_ready and dq_accum (and the split tiles' sums), the dK/dV
+// kernel, its last wave split where that shortens it (bwd_tail_split.h), the dQ conversion
 // (overlapping the dK/dV kernel's last wave).
 #pragma once
 
@@ -53,9 +54,16 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
                          "TMA (got %lld elements); use backend='ampere'", static_cast<long long>(stride));
   }
 
-  // Per device, once: the kernel's shared-memory limit raised.
+  // Per device, once: the kernel's shared-memory limit raised, the SM count read.
   constexpr int kCachedDevices = 64;
   static std::array<std::atomic<bool>, kCachedDevices> prepared{};
+  static std::array<std::atomic<int>, kCachedDevices> sm_counts{};
+  int sms = device < kCachedDevices ? sm_counts[device].load(std::memory_order_relaxed) : 0;
+  if (sms == 0) {
+    if (cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); err != cudaSuccess)
+      return cuda_status(err, "cudaDeviceGetAttribute (multiprocessor count)");
+    if (device < kCachedDevices) sm_counts[device].store(sms, std::memory_order_relaxed);
+  }
   if (device >= kCachedDevices || !prepared[device].load(std::memory_order_acquire)) {
     int smem_optin = 0;
     cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
@@ -74,7 +82,12 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
 
   const BwdWorkspace workspace = bwd_workspace(p.batch, p.nheads, p.nheads_kv, p.seqlen_q, p.seqlen_k,
                                                kHeadDim, /*lse_log2=*/true, /*dq_accum=*/true,
-                                               /*dq_ready=*/true);
+                                               /*dq_ready=*/true, hopper_bwd_tail_split(p.causal));
+  // The last wave split (bwd_tail_split.h) where the workspace has room.
+  constexpr bool kCanSplitTail = Traits::kBlockN <= kBwdChunkBlockN;
+  const int split_tiles_max = kCanSplitTail && p.split_done != nullptr
+                                  ? static_cast<int>(std::min<int64_t>(workspace.split_tiles, p.split_tiles_max))
+                                  : 0;
   if (p.seqlen_q > 0) {
     using Rows = RowwiseShape<kHeadDim>;
     const dim3 rows_grid((p.seqlen_q_padded + Rows::kRowsPerBlock - 1) / Rows::kRowsPerBlock, p.nheads, p.batch);
@@ -128,14 +141,25 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
   const int key_blocks = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
   for (int pair_begin = 0; pair_begin < pairs; pair_begin += chunk) {
     const int count = std::min(chunk, pairs - pair_begin);
+    // The conversion's work in dK/dV query blocks: 8192 dQ values (one 64 × 128 or 128 × 64
+    // block) took about 0.7 of a block's GEMMs on the H200 (hd 64 and 128, seqlen 2k-16k).
+    const double convert_blocks = 0.7 * double(count) * p.heads_per_kv * p.seqlen_q_padded * kHeadDim / 8192.0;
+    kp.split = plan_tail_split(key_blocks, key_blocks * count, p.heads_per_kv * query_blocks, sms, split_tiles_max,
+                               convert_blocks);
     if (p.seqlen_q > 0) {  // dq_ready and the chunk's dq_accum, contiguous
       const size_t accum_bytes = size_t(count) * p.heads_per_kv * p.seqlen_q_padded * kHeadDim * sizeof(float);
       if (cudaError_t err = cudaMemsetAsync(p.dq_ready, 0, workspace.dq_ready_bytes + accum_bytes, stream);
           err != cudaSuccess)
         return cuda_status(err, "cudaMemsetAsync (dq_accum)");
     }
+    if (kp.split.split_tiles > 0) {  // split_done and the split tiles' dK, dV sums, contiguous
+      const size_t bytes = workspace.dkv_accum_offset - workspace.split_done_offset +
+                           size_t(kp.split.split_tiles) * dkv_accum_tile_bytes(kHeadDim);
+      if (cudaError_t err = cudaMemsetAsync(p.split_done, 0, bytes, stream); err != cudaSuccess)
+        return cuda_status(err, "cudaMemsetAsync (dkv_accum)");
+    }
     kp.pair_begin = pair_begin;
-    if (p.seqlen_k > 0) kernel<<<dim3(key_blocks, count), Traits::kThreads, kSmem, stream>>>(kp);
+    if (p.seqlen_k > 0) kernel<<<kp.split.ctas(), Traits::kThreads, kSmem, stream>>>(kp);
     if (p.seqlen_q > 0) {
       // Behind the dK/dV kernel as its programmatic dependent (bwd_dq_convert.h, kAwaitAdds).
       cudaLaunchAttribute overlap{};
@@ -147,7 +171,7 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
       config.stream = stream;
       config.attrs = &overlap;
       config.numAttrs = 1;
-      if (cudaError_t err = cudaLaunchKernelEx(&config, &bwd_convert_dq_kernel<Traits, true>, p, pair_begin);
+      if (cudaError_t err = cudaLaunchKernelEx(&config, &bwd_convert_dq_kernel<Traits, true>, p, pair_begin, kp.split);
           err != cudaSuccess)
         return cuda_status(err, "hopper backward dQ conversion launch");
     }

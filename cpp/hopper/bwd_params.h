@@ -2,7 +2,11 @@
 // descriptors (built on the host, read from the __grid_constant__ parameter space).
 #pragma once
 
+#include <cute/config.hpp>
+
+#include "bwd_tail_split.h"
 #include "kernel_params.h"
+#include "mask.h"
 
 namespace flashcute::hopper {
 
@@ -17,6 +21,45 @@ struct BwdParams {
   typename Traits::TmaDkv tma_dv;
   int tma_seqlen_q;  // seqlen_q, or 1 when there are no queries (a TMA dimension cannot be 0)
   int pair_begin;    // first (batch, kv head) pair of this launch's dq_accum chunk
+  BwdTailSplit split;  // CTA -> tile (and part) of this launch
 };
+
+// One CTA's work: key block n_block of (batch, kv_head), the pair's slot in the chunk, and of
+// the walk over its query blocks (heads_per_kv heads × the key block's query-block range, head
+// after head) blocks [block_begin, block_end): all of them unless the tile is split.
+struct BwdTile {
+  int n_block, pair_slot, batch, kv_head;
+  int block_begin, block_end;
+  int split;  // split tile index (bwd_tail_split.h), -1 when this CTA does the whole tile
+};
+
+// The work of CTA `cta`. Tiles go pair by pair, key blocks in order (causal: low key blocks
+// meet the most rows and start first).
+template <class Traits>
+CUTE_DEVICE BwdTile bwd_tile(BwdParams<Traits> const& params, int cta) {
+  const BwdKernelParams& args = params.args;
+  const BwdTailSplit::Work work = params.split.work(cta);
+  BwdTile tile;
+  tile.n_block = work.tile % params.split.key_blocks;
+  tile.pair_slot = work.tile / params.split.key_blocks;
+  const int pair = params.pair_begin + tile.pair_slot;
+  tile.batch = pair / args.nheads_kv;
+  tile.kv_head = pair % args.nheads_kv;
+  const QueryBlockRange range = query_block_range<Traits::kBlockM, Traits::kBlockN>(
+      tile.n_block * Traits::kBlockN, args.seqlen_q, args.seqlen_k, args.causal);
+  const int blocks = args.heads_per_kv * range.count();
+  tile.split = work.split;
+  tile.block_begin = work.split < 0 ? 0 : part_block_begin(blocks, work.part, params.split.parts);
+  tile.block_end = work.split < 0 ? blocks : part_block_begin(blocks, work.part + 1, params.split.parts);
+  return tile;
+}
+
+// blockIdx.x, read again: a CTA's epilogue decodes its tile anew instead of keeping it in
+// registers through the main loop (volatile, so that the compiler does not merge the reads).
+CUTE_DEVICE int cta_index_again() {
+  int cta;
+  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
+  return cta;
+}
 
 }  // namespace flashcute::hopper

@@ -1,8 +1,9 @@
 // Producer warp of the Hopper-path backward: one thread issues every load of a CTA.
 //
 // K and V of the CTA's key block once (one transaction barrier), then per (head of the GQA
-// group, query block) a Q stage and a dO stage, each a TMA tile plus a bulk copy of the
-// block's lse_log2 (or row_dot) values from the padded workspace onto the same barrier.
+// group, query block) of the CTA's share of the walk (BwdTile) a Q stage and a dO stage, each
+// a TMA tile plus a bulk copy of the block's lse_log2 (or row_dot) values from the padded
+// workspace onto the same barrier.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -16,9 +17,10 @@ namespace flashcute::hopper {
 template <class Traits>
 CUTE_DEVICE void produce_bwd(BwdParams<Traits> const& params, typename Traits::SharedStorage& storage,
                              typename Traits::PipelineQ& pipeline_q, typename Traits::PipelineDo& pipeline_do,
-                             int n_block, int kv_head, int batch) {
+                             BwdTile const& tile) {
   using namespace cute;
   using PipelineQ = typename Traits::PipelineQ;
+  const int n_block = tile.n_block, kv_head = tile.kv_head, batch = tile.batch;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kHeadDim = Traits::kHeadDim;
   const BwdKernelParams& args = params.args;
@@ -57,13 +59,17 @@ CUTE_DEVICE void produce_bwd(BwdParams<Traits> const& params, typename Traits::S
       n_block * Traits::kBlockN, args.seqlen_q, args.seqlen_k, args.causal);
   auto q_state = cutlass::make_producer_start_state<PipelineQ>();
   auto do_state = cutlass::make_producer_start_state<typename Traits::PipelineDo>();
-  for (int h = kv_head * args.heads_per_kv; h < (kv_head + 1) * args.heads_per_kv; ++h) {
+  const int count = range.count();
+  for (int t = tile.block_begin; t < tile.block_end;) {  // head by head
+    const int g = t / count;
+    const int h = kv_head * args.heads_per_kv + g;
+    const int i_end = min(count, tile.block_end - g * count);
     Tensor tQgQ = tma_q.partition_S(local_tile(mQ(_, _, h, batch), typename Traits::TileQ{}, make_coord(_, _0{})));
     Tensor tdOgdO = tma_do.partition_S(local_tile(mdO(_, _, h, batch), typename Traits::TileQ{}, make_coord(_, _0{})));
     const int64_t rows = (int64_t(batch) * args.nheads + h) * args.seqlen_q_padded;
     // Not unrolled: unrolled copies of this loop do not fit in the producer's 24 registers.
     CUTE_NO_UNROLL
-    for (int i = 0; i < range.count(); ++i) {
+    for (int i = t - g * count; i < i_end; ++i) {
       const int m = range.at(i);  // the consumers' order
       pipeline_q.producer_acquire(q_state);
       uint64_t* q_barrier = pipeline_q.producer_get_barrier(q_state);
@@ -79,6 +85,7 @@ CUTE_DEVICE void produce_bwd(BwdParams<Traits> const& params, typename Traits::S
                                storage.row_dot.data() + do_state.index() * kBlockM, kBlockM * sizeof(float));
       ++do_state;
     }
+    t = g * count + i_end;
   }
 }
 

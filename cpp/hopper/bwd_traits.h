@@ -126,6 +126,7 @@ struct BwdTraits {
     typename PipelineQ::SharedStorage pipeline_q;
     typename PipelineQ::SharedStorage pipeline_do;
     cutlass::arch::ClusterTransactionBarrier kv_full;  // K and V landed
+    int last_part;  // a split tile's part that counted itself last stores dK and dV
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= 227 * 1024, "tile does not fit in shared memory");

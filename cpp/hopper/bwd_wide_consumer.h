@@ -25,8 +25,9 @@ namespace flashcute::hopper {
 template <class Traits>
 CUTE_DEVICE void consume_bwd_wide(BwdParams<Traits> const& params, typename Traits::SharedStorage& storage,
                                   typename Traits::PipelineQ& pipeline_q, typename Traits::PipelineDo& pipeline_do,
-                                  int consumer, int n_block, int kv_head, int batch) {
+                                  int consumer, BwdTile const& tile) {
   using namespace cute;
+  const int n_block = tile.n_block, kv_head = tile.kv_head, batch = tile.batch;
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
@@ -116,89 +117,92 @@ CUTE_DEVICE void consume_bwd_wide(BwdParams<Traits> const& params, typename Trai
   bool release_pending = false;
   storage.kv_full.wait(0);
   int buffer = 0;
-  for (int g = 0; g < args.heads_per_kv; ++g) {
-    float* dq_accum_head = args.dq_accum + int64_t(pair_slot0 + g) * args.seqlen_q_padded * kHeadDim;
-    for (int i = 0; i < range.count(); ++i) {
-      const int m = range.at(i);
-      const int q_stage = q_state.index();
-      const int do_stage = do_state.index();
-      AccS acc_s, acc_dp;
-      pipeline_q.consumer_wait(q_state);
-      wgmma_issue<true>(mma_sdp, tSrQ(_, _, _, q_stage), tSrK, acc_s);
-      pipeline_do.consumer_wait(do_state);
-      wgmma_issue<true>(mma_sdp, tSrdO(_, _, _, do_stage), tSrV, acc_dp);
+  // This CTA's blocks, head by head: block i of the key block's range, of head g of the group.
+  const int count = range.count();
+  const int g0 = count > 0 ? tile.block_begin / count : 0;
+  int i = tile.block_begin - g0 * count;
+  float* dq_accum_head = args.dq_accum + int64_t(pair_slot0 + g0) * args.seqlen_q_padded * kHeadDim;
+  for (int t = tile.block_begin; t < tile.block_end; ++t) {
+    const int m = range.at(i);
+    const int q_stage = q_state.index();
+    const int do_stage = do_state.index();
+    AccS acc_s, acc_dp;
+    pipeline_q.consumer_wait(q_state);
+    wgmma_issue<true>(mma_sdp, tSrQ(_, _, _, q_stage), tSrK, acc_s);
+    pipeline_do.consumer_wait(do_state);
+    wgmma_issue<true>(mma_sdp, tSrdO(_, _, _, do_stage), tSrV, acc_dp);
 
-      const float* lse_log2 = storage.lse_log2.data() + q_stage * kBlockM + thread_row;
-      float lse_rows[kScoreRows];
-      CUTE_UNROLL
-      for (int r = 0; r < kScoreRows; ++r) lse_rows[r] = lse_log2[get<0>(offsets_rc(r, 0))];
-      warpgroup_wait<1>();  // S, and the previous block's dK
-      if (release_pending) {
-        pipeline_q.consumer_release(q_release);
-        ++q_release;
-      }
-      Tensor s_rc = rowcol_view(acc_s);
-      if (m < range.masked_end)  // warp-uniform: the bulk skips the mask
-        mask.apply(s_rc, offsets_rc, m * kBlockM + thread_row, key0 + thread_key);
-      CUTE_UNROLL
-      for (int r = 0; r < kScoreRows; ++r) {
-        CUTE_UNROLL
-        for (int c = 0; c < size<1>(s_rc); ++c) s_rc(r, c) = fast_exp2(fmaf(s_rc(r, c), args.scale_log2, -lse_rows[r]));
-      }
-      convert_fragment_into(acc_s, p_regs);
-      copy(pds_copy, tPrP, tPsP(_, _, _, buffer));
-
-      const float* row_dot = storage.row_dot.data() + do_stage * kBlockM + thread_row;
-      float dot_rows[kScoreRows];
-      CUTE_UNROLL
-      for (int r = 0; r < kScoreRows; ++r) dot_rows[r] = row_dot[get<0>(offsets_rc(r, 0))];
-      warpgroup_wait<0>();  // dP
-      Tensor dp_rc = rowcol_view(acc_dp);
-      CUTE_UNROLL
-      for (int r = 0; r < kScoreRows; ++r) {
-        CUTE_UNROLL
-        for (int c = 0; c < size<1>(dp_rc); ++c) dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - dot_rows[r]);
-      }
-      convert_fragment_into(acc_dp, ds_regs);
-      copy(pds_copy, tPrdS, tPsdS(_, _, _, buffer));
-      cutlass::arch::fence_view_async_shared();  // generic-proxy writes visible to WGMMA
-      named_barrier_sync(int(BwdBarrier::kDsReady), 128 * Traits::kConsumers);
-
-      // dQ chunk j's partial -> dq_accum region (consumer, j), in register order.
-      auto reduce_dq = [&](AccDq const& acc_dq, int j) {
-        static_assert(size(AccDq{}) % 4 == 0);
-        float* dst = dq_accum_head + int64_t(m) * kBlockM * kHeadDim +
-                     (consumer * kDqChunks + j) * Traits::kDqElems + tid * 4;
-        CUTE_UNROLL
-        for (int i = 0; i < size(acc_dq); i += 4)
-          red_add_f32x4(dst + i * 128, acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
-      };
-      // dQ chunks, dV, dK, interleaved so that each chunk's reduction overlaps the next GEMM
-      // and dO is released as early as possible.
-      static_assert(kDqChunks == 1 || kDqChunks == 2);
-      AccDq acc_dq;
-      wgmma_issue<true>(mma_dq, tQrdS(_, _, _, buffer), tQrK0, acc_dq);
-      wgmma_issue<false>(mma_dkv, tDrdOt(_, _, _, do_stage), tDrP(_, _, _, buffer), acc_dv);
-      warpgroup_wait<1>();  // dQ chunk 0
-      reduce_dq(acc_dq, 0);
-      if constexpr (kDqChunks == 2) {
-        wgmma_issue<true>(mma_dq, tQrdS(_, _, _, buffer), tQrK1, acc_dq);
-        warpgroup_wait<1>();  // dV: dO may be refilled
-        pipeline_do.consumer_release(do_state);
-        wgmma_issue<false>(mma_dkv, tDrQt(_, _, _, q_stage), tDrdS(_, _, _, buffer), acc_dk);
-        warpgroup_wait<1>();  // dQ chunk 1
-        reduce_dq(acc_dq, 1);
-      } else {
-        wgmma_issue<false>(mma_dkv, tDrQt(_, _, _, q_stage), tDrdS(_, _, _, buffer), acc_dk);
-        warpgroup_wait<1>();  // dV
-        pipeline_do.consumer_release(do_state);
-      }
-      q_release = q_state;
-      release_pending = true;
-      ++q_state;
-      ++do_state;
-      buffer ^= 1;
+    const float* lse_log2 = storage.lse_log2.data() + q_stage * kBlockM + thread_row;
+    float lse_rows[kScoreRows];
+    CUTE_UNROLL
+    for (int r = 0; r < kScoreRows; ++r) lse_rows[r] = lse_log2[get<0>(offsets_rc(r, 0))];
+    warpgroup_wait<1>();  // S, and the previous block's dK
+    if (release_pending) {
+      pipeline_q.consumer_release(q_release);
+      ++q_release;
     }
+    Tensor s_rc = rowcol_view(acc_s);
+    if (m < range.masked_end)  // warp-uniform: the bulk skips the mask
+      mask.apply(s_rc, offsets_rc, m * kBlockM + thread_row, key0 + thread_key);
+    CUTE_UNROLL
+    for (int r = 0; r < kScoreRows; ++r) {
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(s_rc); ++c) s_rc(r, c) = fast_exp2(fmaf(s_rc(r, c), args.scale_log2, -lse_rows[r]));
+    }
+    convert_fragment_into(acc_s, p_regs);
+    copy(pds_copy, tPrP, tPsP(_, _, _, buffer));
+
+    const float* row_dot = storage.row_dot.data() + do_stage * kBlockM + thread_row;
+    float dot_rows[kScoreRows];
+    CUTE_UNROLL
+    for (int r = 0; r < kScoreRows; ++r) dot_rows[r] = row_dot[get<0>(offsets_rc(r, 0))];
+    warpgroup_wait<0>();  // dP
+    Tensor dp_rc = rowcol_view(acc_dp);
+    CUTE_UNROLL
+    for (int r = 0; r < kScoreRows; ++r) {
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(dp_rc); ++c) dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - dot_rows[r]);
+    }
+    convert_fragment_into(acc_dp, ds_regs);
+    copy(pds_copy, tPrdS, tPsdS(_, _, _, buffer));
+    cutlass::arch::fence_view_async_shared();  // generic-proxy writes visible to WGMMA
+    named_barrier_sync(int(BwdBarrier::kDsReady), 128 * Traits::kConsumers);
+
+    // dQ chunk j's partial -> dq_accum region (consumer, j), in register order.
+    auto reduce_dq = [&](AccDq const& acc_dq, int j) {
+      static_assert(size(AccDq{}) % 4 == 0);
+      float* dst = dq_accum_head + int64_t(m) * kBlockM * kHeadDim +
+                   (consumer * kDqChunks + j) * Traits::kDqElems + tid * 4;
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dq); i += 4)
+        red_add_f32x4(dst + i * 128, acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
+    };
+    // dQ chunks, dV, dK, interleaved so that each chunk's reduction overlaps the next GEMM
+    // and dO is released as early as possible.
+    static_assert(kDqChunks == 1 || kDqChunks == 2);
+    AccDq acc_dq;
+    wgmma_issue<true>(mma_dq, tQrdS(_, _, _, buffer), tQrK0, acc_dq);
+    wgmma_issue<false>(mma_dkv, tDrdOt(_, _, _, do_stage), tDrP(_, _, _, buffer), acc_dv);
+    warpgroup_wait<1>();  // dQ chunk 0
+    reduce_dq(acc_dq, 0);
+    if constexpr (kDqChunks == 2) {
+      wgmma_issue<true>(mma_dq, tQrdS(_, _, _, buffer), tQrK1, acc_dq);
+      warpgroup_wait<1>();  // dV: dO may be refilled
+      pipeline_do.consumer_release(do_state);
+      wgmma_issue<false>(mma_dkv, tDrQt(_, _, _, q_stage), tDrdS(_, _, _, buffer), acc_dk);
+      warpgroup_wait<1>();  // dQ chunk 1
+      reduce_dq(acc_dq, 1);
+    } else {
+      wgmma_issue<false>(mma_dkv, tDrQt(_, _, _, q_stage), tDrdS(_, _, _, buffer), acc_dk);
+      warpgroup_wait<1>();  // dV
+      pipeline_do.consumer_release(do_state);
+    }
+    q_release = q_state;
+    release_pending = true;
+    ++q_state;
+    ++do_state;
+    buffer ^= 1;
+    if (++i == count) i = 0, dq_accum_head += int64_t(args.seqlen_q_padded) * kHeadDim;
   }
   warpgroup_wait<0>();
   if (release_pending) pipeline_q.consumer_release(q_release);
@@ -206,26 +210,50 @@ CUTE_DEVICE void consume_bwd_wide(BwdParams<Traits> const& params, typename Trai
   // Epilogue: this consumer's columns of dK (scaled) and dV, transposed into K's and V's
   // (keys, hd) tiles, then one thread stores both whole tiles with TMA (clipped at seqlen_k).
   CUTE_UNROLL
-  for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= args.softmax_scale;
-  Tensor dk = convert_fragment<Element>(acc_dk);
-  Tensor dv = convert_fragment<Element>(acc_dv);
-  named_barrier_sync(int(BwdBarrier::kDsReady), 128 * Traits::kConsumers);  // no GEMM reads K or V
-  auto dkv_copy = make_tiled_copy_C(typename Traits::SmemCopyAtomDkvT{}, mma_dkv);
-  auto dkv_thr_copy = dkv_copy.get_thread_slice(tid);
-  const auto tile_dkv = typename Traits::TileDkvT{};
-  Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKt{});
-  copy(dkv_copy, dkv_thr_copy.retile_S(dk),
-       dkv_thr_copy.partition_D(local_tile(sKt(_, _, _0{}), tile_dkv, make_coord(consumer, _0{}))));
-  copy(dkv_copy, dkv_thr_copy.retile_S(dv),
-       dkv_thr_copy.partition_D(local_tile(sVt(_, _, _0{}), tile_dkv, make_coord(consumer, _0{}))));
-  cutlass::arch::fence_view_async_shared();
-  named_barrier_sync(int(BwdBarrier::kDsReady), 128 * Traits::kConsumers);
-  if (consumer == 0 && tid == 0) {
-    store_dkv_tile<Traits>(params, sK(_, _, _0{}), sV(_, _, _0{}), n_block, kv_head, batch);
+  for (int e = 0; e < size(acc_dk); ++e) acc_dk(e) *= args.softmax_scale;
+  bool store = true;
+  const BwdTile end_tile = bwd_tile(params, cta_index_again());
+  if (end_tile.split >= 0) {
+    // A part of a split tile (bwd_tail_split.h): dKᵀ and dVᵀ added into the tile's fp32 sums,
+    // in register order; the part that counts itself last reads the sums back and stores.
+    constexpr int kConsumerElems = decltype(size(acc_dk))::value * 128;  // hd / 2 × keys
+    float* sums = args.dkv_accum + int64_t(end_tile.split) * 2 * kBlockN * kHeadDim +
+                  consumer * kConsumerElems + tid * 4;
+    float* sums_dv = sums + Traits::kConsumers * kConsumerElems;
+    red_add_fragment(sums, acc_dk);
+    red_add_fragment(sums_dv, acc_dv);
+    named_barrier_sync(int(BwdBarrier::kDsReady), 128 * Traits::kConsumers);
+    if (consumer == 0 && tid == 0)
+      storage.last_part = count_arrive(args.split_done + end_tile.split) == params.split.parts - 1;
+    named_barrier_sync(int(BwdBarrier::kDsReady), 128 * Traits::kConsumers);
+    store = storage.last_part;
+    if (store) {
+      load_fragment_sums(acc_dk, sums);
+      load_fragment_sums(acc_dv, sums_dv);
+    }
+  } else {
+    named_barrier_sync(int(BwdBarrier::kDsReady), 128 * Traits::kConsumers);  // no GEMM reads K or V
+  }
+  if (store) {
+    Tensor dk = convert_fragment<Element>(acc_dk);
+    Tensor dv = convert_fragment<Element>(acc_dv);
+    auto dkv_copy = make_tiled_copy_C(typename Traits::SmemCopyAtomDkvT{}, mma_dkv);
+    auto dkv_thr_copy = dkv_copy.get_thread_slice(tid);
+    const auto tile_dkv = typename Traits::TileDkvT{};
+    Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKt{});
+    copy(dkv_copy, dkv_thr_copy.retile_S(dk),
+         dkv_thr_copy.partition_D(local_tile(sKt(_, _, _0{}), tile_dkv, make_coord(consumer, _0{}))));
+    copy(dkv_copy, dkv_thr_copy.retile_S(dv),
+         dkv_thr_copy.partition_D(local_tile(sVt(_, _, _0{}), tile_dkv, make_coord(consumer, _0{}))));
+    cutlass::arch::fence_view_async_shared();
+    named_barrier_sync(int(BwdBarrier::kDsReady), 128 * Traits::kConsumers);
+    if (consumer == 0 && tid == 0)
+      store_dkv_tile<Traits>(params, sK(_, _, _0{}), sV(_, _, _0{}), end_tile.n_block, end_tile.kv_head,
+                             end_tile.batch);
   }
   // Both consumers' dQ adds precede the barriers above: count this CTA as done with them (the
   // fence waits here, at the CTA's end, while the other consumer's thread stores dK and dV).
-  if (consumer == 1 && tid == 0 && args.dq_ready != nullptr) count_release(args.dq_ready + blockIdx.y);
+  if (consumer == 1 && tid == 0 && args.dq_ready != nullptr) count_release(args.dq_ready + end_tile.pair_slot);
 }
 
 }  // namespace flashcute::hopper

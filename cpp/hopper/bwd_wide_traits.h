@@ -144,6 +144,7 @@ struct BwdWideTraits {
     typename PipelineQ::SharedStorage pipeline_q;
     typename PipelineDo::SharedStorage pipeline_do;
     cutlass::arch::ClusterTransactionBarrier kv_full;  // K and V landed
+    int last_part;  // a split tile's part that counted itself last stores dK and dV
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= kSmemLimit, "tile does not fit in shared memory");
