@@ -67,3 +67,21 @@ def test_missing_extension_is_reported(monkeypatch):
             flashcute.attention(q, q, q)
     finally:
         _build_info._cached_build_info.cache_clear()
+
+
+def test_backward_workspace_reserves_split_sums_only_without_causal():
+    """The Hopper path's workspace: without causal masking, room for the fp32 dK/dV sums of up
+    to an eighth of the key-block CTAs (the last wave may run split); causal calls need none."""
+    ext = pytest.importorskip("flashcute._C")
+    if 64 not in flashcute.build_info()["backends"]["hopper"]["backward_head_dims"]:
+        pytest.skip("no Hopper-path backward for hd 64 in this build")
+    # 2 batches × 6 kv heads × 12 key blocks of 128 = 144 CTAs: room for 18 split tiles.
+    args = (2, 1500, 1500, 12, 6, 64, "bfloat16", False, ext.BACKEND_HOPPER)
+    full = ext.backward_workspace_size(*args, causal=False)
+    causal = ext.backward_workspace_size(*args, causal=True)
+    counters = 80  # 18 int32 counters, padded to 16 bytes
+    assert full - causal == counters + 18 * 2 * 128 * 64 * 4
+    ampere = args[:-1] + (ext.BACKEND_AMPERE,)
+    assert ext.backward_workspace_size(*ampere, causal=False) == ext.backward_workspace_size(
+        *ampere, causal=True
+    )

@@ -189,7 +189,7 @@ void backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
 
 size_t backward_workspace_size(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t nheads,
                                int64_t nheads_kv, int64_t headdim, const std::string& dtype,
-                               bool deterministic, int backend) {
+                               bool deterministic, int backend, bool causal) {
   flashcute::AttentionBackwardParams p;
   p.batch = batch, p.seqlen_q = seqlen_q, p.seqlen_k = seqlen_k;
   p.nheads = nheads, p.nheads_kv = nheads_kv, p.headdim = headdim;
@@ -197,6 +197,7 @@ size_t backward_workspace_size(int64_t batch, int64_t seqlen_q, int64_t seqlen_k
     throw nb::value_error("dtype: expected 'float16' or 'bfloat16'");
   p.dtype = dtype == "bfloat16" ? flashcute::DType::kBFloat16 : flashcute::DType::kFloat16;
   p.deterministic = deterministic;
+  p.causal = causal;
   p.softmax_scale = 1.f;
   size_t bytes = 0;
   raise_on_error(flashcute::attention_backward_workspace_size(p, &bytes,
@@ -225,7 +226,7 @@ NB_MODULE(_C, m) {
         nb::arg("backend"), nb::arg("stream"), "Attention backward into dq, dk, dv.");
   m.def("backward_workspace_size", &backward_workspace_size, nb::arg("batch"), nb::arg("seqlen_q"),
         nb::arg("seqlen_k"), nb::arg("nheads"), nb::arg("nheads_kv"), nb::arg("headdim"),
-        nb::arg("dtype"), nb::arg("deterministic"), nb::arg("backend"),
+        nb::arg("dtype"), nb::arg("deterministic"), nb::arg("backend"), nb::arg("causal") = false,
         "Bytes of device workspace the backward needs.");
   m.def("device_capability", &device_capability, nb::arg("device"),
         "Compute capability of a CUDA device as major*10+minor.");

@@ -50,7 +50,9 @@ def attention_backward(
     The workspace is allocated by q's framework: fp32 per-row sums (8 bytes per query row and
     head on the Hopper path, 4 on the Ampere path) plus, unless deterministic, an fp32 dQ
     accumulator covering a chunk of heads (and on the Hopper path one counter per (batch,
-    kv head) pair of the chunk). The kernels run on q's current stream, as in the forward.
+    kv head) pair of the chunk, and without causal masking fp32 dK/dV sums for the key blocks
+    of the last wave that run split over several CTAs). The kernels run on q's current
+    stream, as in the forward.
 
     Returns:
         ``(dq, dk, dv)``: the given buffers, or new arrays of q's framework.
@@ -88,7 +90,7 @@ def attention_backward(
     ]
     nbytes = int(ext.backward_workspace_size(
         problem.batch, problem.seqlen_q, problem.seqlen_k, problem.nheads, problem.nheads_kv,
-        problem.headdim, problem.dtype, deterministic, backend_code,
+        problem.headdim, problem.dtype, deterministic, backend_code, causal,
     ))
     workspace = alloc.empty(q, (nbytes,), "uint8")
     if alloc.synchronize_after:

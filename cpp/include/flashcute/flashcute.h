@@ -115,10 +115,11 @@ struct AttentionBackwardParams {
   cudaStream_t stream = nullptr;
 };
 
-// Bytes of workspace attention_backward needs for these sizes, dtype, `deterministic` and
-// backend (pointers are not read): fp32 row sums, and an fp32 dQ accumulator (in chunks of
-// heads for long sequences) except for a deterministic call; the Hopper path also keeps the
-// lse in log2 units. kAuto sizes for the path the device would run, or for the larger one
+// Bytes of workspace attention_backward needs for these sizes, dtype, `causal`,
+// `deterministic` and backend (pointers are not read): fp32 row sums, and an fp32 dQ
+// accumulator (in chunks of heads for long sequences) except for a deterministic call; the
+// Hopper path also keeps the lse in log2 units and, without causal masking, fp32 dK/dV sums
+// for the last wave's key blocks that run split over several CTAs. kAuto sizes for the path the device would run, or for the larger one
 // when no device can be queried.
 FLASHCUTE_API Status attention_backward_workspace_size(const AttentionBackwardParams& params,
                                                        size_t* bytes,
