@@ -13,6 +13,7 @@
 
 #include "fragment_views.h"
 #include "hopper/bwd_params.h"
+#include "hopper/bwd_split_sums.h"
 #include "dq_reduce.h"
 #include "hopper/named_barriers.h"
 #include "hopper/wgmma.h"
@@ -242,23 +243,8 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
   bool store = true;
   const BwdTile end_tile = bwd_tile(params, cta_index_again());
   if (end_tile.split >= 0) {
-    // A part of a split tile (bwd_tail_split.h): dK and dV added into the tile's fp32 sums, in
-    // register order like dQ; the part that counts itself last reads the sums back and stores.
-    constexpr int kConsumerElems = decltype(size(acc_dk))::value * 128;  // 64 keys × hd
-    float* sums = args.dkv_accum + int64_t(end_tile.split) * 2 * Traits::kBlockN * kHeadDim +
-                  consumer * kConsumerElems + tid * 4;
-    float* sums_dv = sums + Traits::kConsumers * kConsumerElems;
-    red_add_fragment(sums, acc_dk);
-    red_add_fragment(sums_dv, acc_dv);
-    named_barrier_sync(int(BwdBarrier::kDsReady), 128 * Traits::kConsumers);
-    if (consumer == 0 && tid == 0)
-      storage.last_part = count_arrive(args.split_done + end_tile.split) == params.split.parts - 1;
-    named_barrier_sync(int(BwdBarrier::kDsReady), 128 * Traits::kConsumers);
-    store = storage.last_part;
-    if (store) {
-      load_fragment_sums(acc_dk, sums);
-      load_fragment_sums(acc_dv, sums_dv);
-    }
+    // A part of a split tile: only the part that counts itself last stores.
+    store = add_split_sums(params, storage, end_tile.split, consumer, tid, acc_dk, acc_dv);
   } else {
     named_barrier_sync(int(BwdBarrier::kDsReady), 128 * Traits::kConsumers);
   }
