@@ -61,13 +61,13 @@ FLASHCUTE_HOST_DEVICE int part_block_begin(int blocks, int part, int parts) {
 // that is 0.3 of a tile (hd 64 at 4k, just below 0.3, measured even with a split). Then the
 // part count that minimizes the last wave's length, counting each extra part's start and end
 // (K/V load, fp32 dK/dV adds) as kPartCostBlocks query blocks; no split unless that saves a
-// tenth of a tile.
+// tenth of a tile (nor of tiles with fewer than two query blocks, e.g. without queries).
 inline BwdTailSplit plan_tail_split(int key_blocks, int tiles, int blocks_per_tile, int sms, int max_split_tiles,
                                     double convert_blocks) {
   BwdTailSplit split;
   split.key_blocks = key_blocks;
   split.full_tiles = tiles;
-  if (sms <= 0 || tiles <= sms) return split;
+  if (sms <= 0 || tiles <= sms || blocks_per_tile < 2) return split;
   const int tail = tiles % sms;
   if (tail == 0 || tail > max_split_tiles) return split;
   const double idle_blocks = double(sms - tail) * blocks_per_tile - convert_blocks;  // SM · blocks

@@ -258,9 +258,10 @@ def test_softmax_scale(gen, headdim, dtype, softmax_scale):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("seqlen_q, seqlen_k", [(0, 17), (17, 0), (0, 0)])
-def test_empty_sequences_give_zero_grads(gen, causal, seqlen_q, seqlen_k):
-    q, k, v = make_qkv(gen, 2, seqlen_q, seqlen_k, 4, 2, 64, "bfloat16")
+@pytest.mark.parametrize("seqlen_q, seqlen_k, nheads", [(0, 17, 4), (17, 0, 4), (0, 0, 4), (0, 1500, 12)])
+def test_empty_sequences_give_zero_grads(gen, causal, seqlen_q, seqlen_k, nheads):
+    # (0, 1500, 12): 144 key-block CTAs with no query block to walk
+    q, k, v = make_qkv(gen, 2, seqlen_q, seqlen_k, nheads, nheads // 2, 64, "bfloat16")
     dout = randn_like(gen, q)
     grads = autograd_grads(q, k, v, dout, causal=causal, backend=None)
     for g, x in zip(grads, (q, k, v)):
