@@ -135,8 +135,9 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
     }
   };
   // dQ partials go to dq_accum straight from registers (red_add_fragment; bwd_dq_convert.h
-  // undoes the order). Measured 0-6% faster than staging through shared memory for one bulk
+  // undoes the order): measured 0-6% faster than staging through shared memory for one bulk
   // reduce-add.
+  //
   // This CTA's blocks, head by head: block i of the key block's range, of head g of the group.
   const int count = range.count();
   const int g0 = count > 0 ? tile.block_begin / count : 0;

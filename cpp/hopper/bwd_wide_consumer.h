@@ -171,12 +171,9 @@ CUTE_DEVICE void consume_bwd_wide(BwdParams<Traits> const& params, typename Trai
 
     // dQ chunk j's partial -> dq_accum region (consumer, j), in register order.
     auto reduce_dq = [&](AccDq const& acc_dq, int j) {
-      static_assert(size(AccDq{}) % 4 == 0);
-      float* dst = dq_accum_head + int64_t(m) * kBlockM * kHeadDim +
-                   (consumer * kDqChunks + j) * Traits::kDqElems + tid * 4;
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc_dq); i += 4)
-        red_add_f32x4(dst + i * 128, acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
+      red_add_fragment(dq_accum_head + int64_t(m) * kBlockM * kHeadDim +
+                           (consumer * kDqChunks + j) * Traits::kDqElems + tid * 4,
+                       acc_dq);
     };
     // dQ chunks, dV, dK, interleaved so that each chunk's reduction overlaps the next GEMM
     // and dO is released as early as possible.
