@@ -9,6 +9,7 @@
 #include "build_config.h"
 #include "bwd_workspace.h"
 #include "flashcute/flashcute.h"
+#include "hopper/fwd_split_plan.h"
 #include "kernel_params.h"
 #include "kernel_registry.h"
 #include "launch_status.h"
@@ -95,6 +96,8 @@ Status check_forward(const AttentionForwardParams& p) {
                           !aligned16(p.v, p.v_row_stride, p.v_head_stride, p.v_batch_stride))))
     return invalid("q, k, v, out: data pointers must be 16-byte aligned and batch/row/head "
                    "strides multiples of 8 elements");
+  if (p.workspace != nullptr && reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0)
+    return invalid("workspace: expected a 16-byte aligned device buffer");
   return Status{};
 }
 
@@ -115,6 +118,8 @@ FwdKernelParams kernel_params(const AttentionForwardParams& p) {
   k.softmax_scale = p.softmax_scale;
   k.scale_log2 = p.softmax_scale * 1.4426950408889634f;
   k.causal = p.causal;
+  k.workspace = p.workspace;
+  k.workspace_bytes = p.workspace == nullptr ? 0 : p.workspace_bytes;
   return k;
 }
 
@@ -329,6 +334,26 @@ Status attention_forward(const AttentionForwardParams& params, Backend backend) 
   DeviceGuard guard(params.device);
   if (!guard.status().ok()) return guard.status();
   return launch(kernel_params(params), params.stream);
+}
+
+Status attention_forward_workspace_size(const AttentionForwardParams& params, size_t* bytes, Backend backend) {
+  if (bytes == nullptr) return invalid("bytes must not be null");
+  *bytes = 0;
+  if (Status s = check_problem(params); !s.ok()) return s;
+  // Only the Hopper path splits its last wave, and only on a device that runs it.
+  int capability = 0;
+  if (backend == Backend::kAmpere || !device_capability(params.device, &capability).ok()) return Status{};
+  Backend resolved = backend;
+  if (Status s = resolve_backend(params, backend, &find_fwd_launcher, capability, &resolved); !s.ok()) return s;
+  if (resolved != Backend::kHopper || capability != 90 ||
+      find_fwd_launcher(Backend::kHopper, params.dtype, static_cast<int>(params.headdim)) == nullptr)
+    return Status{};
+  int device = params.device;
+  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) return Status{};
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return Status{};
+  *bytes = hopper::plan_fwd_split(kernel_params(params), static_cast<int>(params.headdim), sms).workspace.bytes;
+  return Status{};
 }
 
 Status attention_backward_workspace_size(const AttentionBackwardParams& params, size_t* bytes,

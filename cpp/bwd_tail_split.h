@@ -11,10 +11,12 @@
 #pragma once
 
 // Plain C++ as well (the host API sizes the workspace from it).
+#ifndef FLASHCUTE_HOST_DEVICE
 #if defined(__CUDACC__)
 #define FLASHCUTE_HOST_DEVICE __host__ __device__ __forceinline__
 #else
 #define FLASHCUTE_HOST_DEVICE inline
+#endif
 #endif
 
 namespace flashcute {

@@ -2,6 +2,7 @@
 // from the public params after validation; shared by the Ampere and Hopper paths.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace flashcute {
@@ -25,6 +26,10 @@ struct FwdKernelParams {
   float softmax_scale;
   float scale_log2;  // softmax_scale * log2(e): scores go through exp2 with one FMA
   bool causal;
+  // Optional: the Hopper path splits its last wave when this holds the bytes
+  // hopper_fwd_split_workspace() asks for (fwd_tail_split.h).
+  void* workspace;
+  size_t workspace_bytes;
 };
 
 // Backward: dQ, dK, dV from dO, the forward's inputs, its output and its LSE. The workspace

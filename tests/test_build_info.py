@@ -85,3 +85,66 @@ def test_backward_workspace_reserves_split_sums_only_without_causal():
     assert ext.backward_workspace_size(*ampere, causal=False) == ext.backward_workspace_size(
         *ampere, causal=True
     )
+
+
+@pytest.mark.parametrize(
+    "units, key_blocks, sms",
+    [(2048, 128, 132), (2048, 64, 132), (1024, 205, 132), (64, 128, 132), (36, 40, 132),
+     (2, 157, 132), (400, 100, 114), (97, 1000, 78)],
+)
+def test_forward_split_plan_covers_every_key_block_once(units, key_blocks, sms):
+    """The forward's last wave shared by all CTAs: whole units are a multiple of the grid, the
+    CTAs' ranges cover the split tiles' key blocks end to end with no gap or overlap, none is
+    longer than a tile (so a CTA runs at most two pieces), every range is at least two blocks,
+    and the pieces of a tile leave their states in distinct slots (2 per CTA)."""
+    ext = pytest.importorskip("flashcute._C")
+    whole, tiles, ctas, begins, slots = ext._forward_split_plan(units, key_blocks, sms)
+    assert tiles > 0, "these shapes leave SMs idle for most of a tile: the plan must split"
+    if units < sms:  # tiles that do not fill the GPU are split even when some are partial
+        assert ext._forward_split_plan(units, key_blocks, sms, True)[1] == tiles
+    assert whole + tiles == units and ctas == sms
+    assert whole % ctas == 0 and tiles == units % sms
+    assert begins[0] == 0 and begins[-1] == tiles * key_blocks and len(begins) == ctas + 1
+    lengths = [b - a for a, b in zip(begins, begins[1:])]
+    assert min(lengths) >= 2 and max(lengths) <= key_blocks
+    seen = set()
+    for tile, tile_slots in enumerate(slots):
+        lo, hi = tile * key_blocks, (tile + 1) * key_blocks
+        touching = [c for c in range(ctas) if begins[c] < hi and begins[c + 1] > lo]
+        assert len(tile_slots) == len(touching) >= 1
+        for cta, slot in zip(touching, tile_slots):
+            assert slot // 2 == cta and (slot % 2 == 0) == (begins[cta] >= lo)
+            assert slot not in seen
+            seen.add(slot)
+
+
+@pytest.mark.parametrize(
+    "units, key_blocks, sms, partial",
+    [(2048, 16, 132, False), (2048, 8, 132, False), (1024, 26, 132, False), (1024, 103, 132, False),
+     (88, 32, 132, False), (128, 256, 132, False), (2048, 128, 132, True), (1056, 64, 132, False),
+     (10, 20, 132, False), (0, 10, 132, False), (100, 0, 132, False)],
+)
+def test_forward_split_plan_keeps_short_or_even_waves_whole(units, key_blocks, sms, partial):
+    """No split where it would not save a fifth of a tile: few key blocks per tile (hd 128 at
+    2k and 1k, hd 256 at 2k), a last wave that is already most of the SMs (hd 256 at 8k: 100 of
+    132), tiles that nearly fill the GPU; nor with more tiles than SMs when some are partial
+    (they run last), a tile count that is a multiple of the SM count, too few key blocks for two
+    per CTA, or none."""
+    ext = pytest.importorskip("flashcute._C")
+    whole, tiles, ctas, begins, slots = ext._forward_split_plan(units, key_blocks, sms, partial)
+    assert (whole, tiles, begins, slots) == (units, 0, [], [])
+
+
+def test_forward_workspace_is_zero_without_a_hopper_gpu_or_with_causal():
+    """The forward's optional workspace: only the Hopper path on an sm90 device asks for one,
+    and never with causal masking."""
+    ext = pytest.importorskip("flashcute._C")
+    args = (1, 700, 5000, 6, 2, 128, "bfloat16")
+    assert ext.forward_workspace_size(*args, True, ext.BACKEND_HOPPER, -1) == 0
+    assert ext.forward_workspace_size(*args, False, ext.BACKEND_AMPERE, -1) == 0
+    try:
+        capability = ext.device_capability(-1)
+    except RuntimeError:
+        capability = None
+    if capability != 90:
+        assert ext.forward_workspace_size(*args, False, ext.BACKEND_HOPPER, -1) == 0

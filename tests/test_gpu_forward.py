@@ -340,6 +340,62 @@ def test_many_tiles_per_cta(gen, backend, headdim, dtype, causal, batch, seqlen_
     run_checked(q, k, v, causal=causal, backend=backend)
 
 
+# Shapes whose last wave of query tiles the Hopper path runs split over all SMs: fewer tiles
+# than SMs with long keys (every tile in pieces, partial query tiles, a masked key tail), two
+# tiles of 125-250 key blocks (66 pieces of 2-4 blocks each), and more full tiles than SMs.
+_SPLIT_SHAPES = [(1, 700, 5000, 6, 2), (1, 100, 20000, 2, 1), (2, 1536, 4000, 12, 4)]
+
+
+def _hopper_split_planned(batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim, dtype) -> bool:
+    from flashcute._build_info import load_extension
+
+    ext = load_extension()
+    return ext.forward_workspace_size(batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim, dtype,
+                                      False, ext.BACKEND_HOPPER, -1) > 0
+
+
+_HOPPER = SUPPORT.get("hopper", ([], []))
+
+
+@pytest.mark.parametrize("headdim, dtype", [(hd, dt) for hd in _HOPPER[0] for dt in _HOPPER[1]])
+@pytest.mark.parametrize("batch, seqlen_q, seqlen_k, nheads, nheads_kv", _SPLIT_SHAPES)
+def test_split_last_wave(gen, headdim, dtype, batch, seqlen_q, seqlen_k, nheads, nheads_kv):
+    """Pieces of a tile leave fp32 partial results; the last to finish merges them (in a fixed
+    order, so the result is bitwise reproducible) and stores O and LSE."""
+    assert _hopper_split_planned(batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim, dtype)
+    q, k, v = make_qkv(gen, batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim, dtype)
+    out, lse = run_checked(q, k, v, causal=False, backend="hopper")
+    again, again_lse = flashcute.attention(q, k, v, return_lse=True, backend="hopper")
+    assert torch.equal(out.view(torch.int16), again.view(torch.int16))
+    assert torch.equal(lse.view(torch.int32), again_lse.view(torch.int32))
+
+
+@pytest.mark.skipif(128 not in _HOPPER[0], reason="no Hopper-path hd 128 kernel on this GPU")
+def test_split_last_wave_in_cuda_graph(gen):
+    """The split's workspace comes from the graph's pool and its counters are reset by a memset
+    node, so every replay merges afresh."""
+    dtype = _HOPPER[1][-1]
+    shape = (1, 700, 5000, 6, 2)
+    assert _hopper_split_planned(*shape, 128, dtype)
+    q, k, v = make_qkv(gen, *shape, 128, dtype)
+    static_q = q.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        flashcute.attention(static_q, k, v, backend="hopper")  # warm-up
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out, static_lse = flashcute.attention(static_q, k, v, return_lse=True, backend="hopper")
+    for _ in range(2):
+        fresh_q = make_qkv(gen, *shape, 128, dtype)[0]
+        static_q.copy_(fresh_q)
+        static_out.fill_(math.nan)
+        graph.replay()
+        torch.cuda.synchronize()
+        check_close(static_out, static_lse, fresh_q, k, v, causal=False)
+
+
 # ---------------------------------------------------------------------------------------
 # Streams.
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "flashcute/flashcute.h"
+#include "fwd_tail_split.h"
 
 namespace nb = nanobind;
 
@@ -72,7 +73,8 @@ flashcute::DType to_dtype(nb::dlpack::dtype dt) {
 
 // Tensors are (batch, seqlen, heads, headdim); lse is (batch, heads, seqlen).
 void forward(Tensor q, Tensor k, Tensor v, MutableTensor out, std::optional<MutableTensor> lse,
-             float softmax_scale, bool causal, int backend, uintptr_t stream) {
+             float softmax_scale, bool causal, int backend, uintptr_t stream,
+             std::optional<MutableTensor> workspace) {
   if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4 || out.ndim() != 4)
     throw nb::value_error("q, k, v, out: expected 4-d tensors (batch, seqlen, heads, headdim)");
   flashcute::AttentionForwardParams p;
@@ -97,6 +99,10 @@ void forward(Tensor q, Tensor k, Tensor v, MutableTensor out, std::optional<Muta
     p.lse = static_cast<float*>(lse->data());
     p.lse_batch_stride = lse->stride(0);
     p.lse_head_stride = lse->stride(1);
+  }
+  if (workspace) {
+    p.workspace = workspace->data();
+    p.workspace_bytes = workspace->nbytes();
   }
   p.softmax_scale = softmax_scale;
   p.causal = causal;
@@ -187,6 +193,44 @@ void backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
   raise_on_error(status);
 }
 
+size_t forward_workspace_size(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t nheads,
+                              int64_t nheads_kv, int64_t headdim, const std::string& dtype, bool causal,
+                              int backend, int device) {
+  flashcute::AttentionForwardParams p;
+  p.batch = batch, p.seqlen_q = seqlen_q, p.seqlen_k = seqlen_k;
+  p.nheads = nheads, p.nheads_kv = nheads_kv, p.headdim = headdim;
+  if (dtype != "float16" && dtype != "bfloat16")
+    throw nb::value_error("dtype: expected 'float16' or 'bfloat16'");
+  p.dtype = dtype == "bfloat16" ? flashcute::DType::kBFloat16 : flashcute::DType::kFloat16;
+  p.causal = causal;
+  p.softmax_scale = 1.f;
+  p.device = device;
+  size_t bytes = 0;
+  raise_on_error(flashcute::attention_forward_workspace_size(p, &bytes, static_cast<flashcute::Backend>(backend)));
+  return bytes;
+}
+
+// The forward's last-wave split (fwd_tail_split.h) for `units` tiles of `key_blocks` key blocks
+// on `sms` SMs (some tiles partial or not), for tests: (whole_units, tiles, ctas, range starts of CTAs 0..ctas, and per
+// split tile its CTAs' slots in CTA order).
+std::tuple<int, int, int, std::vector<int>, std::vector<std::vector<int>>> forward_split_plan(
+    int units, int key_blocks, int sms, bool partial_tiles) {
+  const flashcute::FwdTailSplit split = flashcute::plan_fwd_tail_split(units, key_blocks, sms, partial_tiles);
+  std::vector<int> begins;
+  std::vector<std::vector<int>> slots;
+  if (split.tiles > 0) {
+    for (int cta = 0; cta <= split.ctas; ++cta) begins.push_back(split.begin(cta));
+    for (int tile = 0; tile < split.tiles; ++tile) {
+      std::vector<int> tile_slots;
+      for (int cta = split.first_cta(tile); cta <= split.last_cta(tile); ++cta)
+        tile_slots.push_back(split.slot(cta, tile));
+      if (static_cast<int>(tile_slots.size()) != split.parts(tile)) throw std::logic_error("parts mismatch");
+      slots.push_back(tile_slots);
+    }
+  }
+  return {split.whole_units, split.tiles, split.ctas, begins, slots};
+}
+
 size_t backward_workspace_size(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t nheads,
                                int64_t nheads_kv, int64_t headdim, const std::string& dtype,
                                bool deterministic, int backend, bool causal) {
@@ -219,7 +263,12 @@ NB_MODULE(_C, m) {
         "(device_type, device_id, dtype, shape, strides) of a DLPack tensor; strides in elements.");
   m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse").none(), nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("backend"),
-        nb::arg("stream"), "Attention forward into out (and lse when given).");
+        nb::arg("stream"), nb::arg("workspace").none() = nb::none(),
+        "Attention forward into out (and lse when given).");
+  m.def("forward_workspace_size", &forward_workspace_size, nb::arg("batch"), nb::arg("seqlen_q"),
+        nb::arg("seqlen_k"), nb::arg("nheads"), nb::arg("nheads_kv"), nb::arg("headdim"),
+        nb::arg("dtype"), nb::arg("causal"), nb::arg("backend"), nb::arg("device"),
+        "Bytes of the optional device workspace the forward can use (0: none).");
   m.def("backward", &backward, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
         nb::arg("workspace"), nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("deterministic"),
@@ -228,6 +277,9 @@ NB_MODULE(_C, m) {
         nb::arg("seqlen_k"), nb::arg("nheads"), nb::arg("nheads_kv"), nb::arg("headdim"),
         nb::arg("dtype"), nb::arg("deterministic"), nb::arg("backend"), nb::arg("causal") = false,
         "Bytes of device workspace the backward needs.");
+  m.def("_forward_split_plan", &forward_split_plan, nb::arg("units"), nb::arg("key_blocks"), nb::arg("sms"),
+        nb::arg("partial_tiles") = false,
+        "Test hook: the Hopper forward's last-wave split plan.");
   m.def("device_capability", &device_capability, nb::arg("device"),
         "Compute capability of a CUDA device as major*10+minor.");
   m.def(

@@ -1,10 +1,10 @@
 // Hopper-path tile shape per head dim: keys per block, K/V pipeline stages, consumer
 // warpgroups (64 query rows each). Chosen by measurement on H200 (see
 // benchmarks/results/README.md); FLASHCUTE_HOPPER_TILES overrides them for tuning. Key
-// blocks such as 80 rely on CuTe's extended WGMMA shapes (CMakeLists.txt).
+// blocks such as 80 rely on CuTe's extended WGMMA shapes (CMakeLists.txt). Plain C++: the host
+// API sizes the forward's workspace from these values.
 #pragma once
 
-#include "hopper/fwd_traits.h"
 #include "hopper_tile_overrides.h"  // generated
 
 #ifndef FLASHCUTE_HOPPER_TILE_64
@@ -35,7 +35,17 @@ template <> struct FwdTileShape<128> : FwdTileValues<FLASHCUTE_HOPPER_TILE_128> 
 template <> struct FwdTileShape<192> : FwdTileValues<FLASHCUTE_HOPPER_TILE_192> {};
 template <> struct FwdTileShape<256> : FwdTileValues<FLASHCUTE_HOPPER_TILE_256> {};
 
-template <class Element, int kHeadDim, class Shape = FwdTileShape<kHeadDim>>
-using FwdTraitsFor = FwdTraits<Element, kHeadDim, Shape::kBlockN_, Shape::kStages_, Shape::kConsumers_>;
+// Keys per block and consumer warpgroups of a head dim's tile (0, 0 for other head dims).
+struct FwdTileSize {
+  int block_n, consumers;
+};
+constexpr FwdTileSize fwd_tile_size(int headdim) {
+  return headdim == 64    ? FwdTileSize{FwdTileShape<64>::kBlockN_, FwdTileShape<64>::kConsumers_}
+         : headdim == 96  ? FwdTileSize{FwdTileShape<96>::kBlockN_, FwdTileShape<96>::kConsumers_}
+         : headdim == 128 ? FwdTileSize{FwdTileShape<128>::kBlockN_, FwdTileShape<128>::kConsumers_}
+         : headdim == 192 ? FwdTileSize{FwdTileShape<192>::kBlockN_, FwdTileShape<192>::kConsumers_}
+         : headdim == 256 ? FwdTileSize{FwdTileShape<256>::kBlockN_, FwdTileShape<256>::kConsumers_}
+                          : FwdTileSize{0, 0};
+}
 
 }  // namespace flashcute::hopper

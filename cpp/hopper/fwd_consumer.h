@@ -6,7 +6,9 @@
 // still in flight, and O is rescaled after it lands. Between warpgroups, MmaTurns orders the
 // issue so their GEMM phases alternate. The blocks that need the mask (sequence tail, causal
 // diagonal) come first and run in their own loop; the bulk runs without mask code. Key blocks
-// that none of a consumer's rows can see are skipped by that consumer alone.
+// that none of a consumer's rows can see are skipped by that consumer alone. A piece of a
+// split tile (fwd_tail_split.h) runs its own key blocks and leaves its state; the CTA whose
+// piece finishes a tile merges and stores it once its own pieces are done.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -14,6 +16,7 @@
 #include "fragment_views.h"
 #include "hopper/fwd_epilogue.h"
 #include "hopper/fwd_params.h"
+#include "hopper/fwd_split_pieces.h"
 #include "hopper/named_barriers.h"
 #include "hopper/wgmma.h"
 #include "mask.h"
@@ -65,18 +68,23 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
   FwdEpilogue<Traits> epilogue(params, storage, consumer);
   cutlass::PipelineState<Traits::kStages> k_state, v_state;
   int iteration = 0;
-  for (TileWalk walk(params.schedule, blockIdx.x, gridDim.x); walk.valid(); walk.advance(), ++iteration) {
+  TileWalk walk(params.schedule);
+  for (; walk.valid(); walk.advance(), ++iteration) {
     const FwdTile tile = walk.tile();
     const int row0 = tile.m_block * Traits::kBlockM;
-    const KeyBlockRange range = key_block_range<kBlockN>(row0, Traits::kBlockM, args.seqlen_q,
-                                                         args.seqlen_k, args.causal);
+    KeyBlockRange range = key_block_range<kBlockN>(row0, Traits::kBlockM, args.seqlen_q,
+                                                   args.seqlen_k, args.causal);
     // This consumer's own rows may see fewer key blocks than the tile's (causal diagonal, rows
     // past seqlen_q): it skips their GEMMs but still takes its turns and frees their stages.
     const int consumer_row0 = row0 + consumer * kRows;
-    const KeyBlockRange mine = consumer_row0 >= args.seqlen_q
-                                   ? KeyBlockRange{0, 0}
-                                   : key_block_range<kBlockN>(consumer_row0, kRows, args.seqlen_q,
-                                                              args.seqlen_k, args.causal);
+    KeyBlockRange mine = consumer_row0 >= args.seqlen_q
+                             ? KeyBlockRange{0, 0}
+                             : key_block_range<kBlockN>(consumer_row0, kRows, args.seqlen_q,
+                                                        args.seqlen_k, args.causal);
+    // A piece of a split tile: its key blocks [n_begin, key_end) only.
+    const int n_begin = tile.key_begin;
+    range.n_end = cute::min(range.n_end, tile.key_end);
+    mine.n_end = cute::max(cute::min(mine.n_end, tile.key_end), n_begin);
     const int my_row = consumer_row0 + thread_row;
     OnlineSoftmax<kThreadRows> softmax(args.scale_log2);
     clear(acc_o);
@@ -103,7 +111,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
       pipeline_v.consumer_release(v_state);
       ++v_state;
     }
-    if (n >= 0) {
+    if (n >= n_begin) {
       {
         AccS acc_s;
         float correction[kThreadRows];
@@ -134,8 +142,8 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
         OnlineSoftmax<kThreadRows>::rescale(acc_o_rc, correction);
         convert_fragment_into(acc_s, p_regs);
       };
-      for (--n; n >= 0 && n >= mine.n_unmasked; --n) step(n, cute::true_type{});
-      for (; n >= 0; --n) step(n, cute::false_type{});
+      for (--n; n >= n_begin && n >= mine.n_unmasked; --n) step(n, cute::true_type{});
+      for (; n >= n_begin; --n) step(n, cute::false_type{});
       if constexpr (!Traits::kOAliasesQ) storage.q_empty.arrive();  // last Q·Kᵀ has completed
 
       pipeline_v.consumer_wait(v_state);
@@ -146,7 +154,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
       pipeline_v.consumer_release(v_state);
       ++v_state;
     } else {
-      if (range.n_end > 0) {  // the turn the other consumers take for their last P·V
+      if (range.n_end > n_begin) {  // the turn the other consumers take for their last P·V
         turns.wait();
         turns.pass();
       }
@@ -154,6 +162,26 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
       if (!skips) epilogue.release_previous_o(iteration);
     }
 
+    // A piece of a split tile leaves its state; the CTA whose piece finishes the tile merges
+    // and stores it below, after its own pieces.
+    if (tile.split >= 0) {
+      leave_split_piece(params, storage, consumer, tile, walk.piece, acc_o_rc, softmax);
+      if constexpr (Traits::kOAliasesQ) {
+        if (tid == 0) storage.q_empty.arrive();  // no O was staged in Q's buffer
+      }
+      continue;
+    }
+    float lse[kThreadRows];
+    softmax.finalize(acc_o_rc, lse);
+    epilogue.store(acc_o, lse, tile, thr_pv);
+  }
+  // Split tiles this CTA counted last: merged from every piece's state, stored as above. (With
+  // pieces the CTA has passed leave_split_piece's barriers, so the flags are set.)
+  for (int piece = 0; piece < walk.pieces; ++piece) {
+    if (!storage.split_last[piece]) continue;
+    const FwdTile tile = walk.piece_tile(piece);
+    OnlineSoftmax<kThreadRows> softmax(args.scale_log2);
+    merge_split_pieces(params, consumer, tile, acc_o_rc, softmax);
     float lse[kThreadRows];
     softmax.finalize(acc_o_rc, lse);
     epilogue.store(acc_o, lse, tile, thr_pv);

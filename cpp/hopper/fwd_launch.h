@@ -8,8 +8,9 @@
 
 #include <cuda_runtime_api.h>
 
-#include "hopper/fwd_config.h"
 #include "hopper/fwd_kernel.h"
+#include "hopper/fwd_split_plan.h"
+#include "hopper/fwd_traits.h"
 #include "launch_status.h"
 
 namespace flashcute::hopper {
@@ -123,7 +124,20 @@ Status run_fwd(const FwdKernelParams& p, cudaStream_t stream) {
   const int group_size = head_group_size(p, Traits::kBlockM, kHeadDim, sizeof(Element), l2_bytes);
   const bool partial_last_tile = p.seqlen_q % Traits::kBlockM != 0;
   kp.schedule = TileSchedule::make(num_m_blocks, p.nheads, p.batch, group_size, p.causal, partial_last_tile);
-  const int grid = std::min(kp.schedule.num_units, sm_count);
+  int grid = std::min(kp.schedule.num_units, sm_count);
+
+  // The last wave shared by all CTAs, where it pays and the caller gave the workspace for it.
+  static_assert(fwd_tile_size(kHeadDim).consumers == Traits::kConsumers &&
+                fwd_tile_size(kHeadDim).block_n == Traits::kBlockN);
+  const FwdSplitPlan split = plan_fwd_split(p, kHeadDim, sm_count);
+  if (split.split.tiles > 0 && p.workspace != nullptr && p.workspace_bytes >= split.workspace.bytes) {
+    kp.schedule.split = split.split;
+    kp.split_count = static_cast<int*>(p.workspace);
+    kp.split_state = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + split.workspace.count_bytes);
+    if (cudaError_t err = cudaMemsetAsync(kp.split_count, 0, split.workspace.count_bytes, stream); err != cudaSuccess)
+      return cuda_status(err, "cudaMemsetAsync (split tile counts)");
+    grid = split.split.ctas;
+  }
   kernel<<<grid, Traits::kThreads, kSmem, stream>>>(kp);
   return cuda_status(cudaGetLastError(), "hopper forward launch");
 }

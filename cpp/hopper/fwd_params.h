@@ -1,8 +1,9 @@
 // Kernel arguments of the Hopper-path forward: the shared launch arguments plus the TMA
-// descriptors (built on the host, read from the __grid_constant__ parameter space) and the
-// persistent tile schedule.
+// descriptors (built on the host, read from the __grid_constant__ parameter space), the
+// persistent tile schedule and the workspace of a split last wave.
 #pragma once
 
+#include "hopper/fwd_traits.h"
 #include "hopper/tile_scheduler.h"
 #include "kernel_params.h"
 
@@ -18,6 +19,9 @@ struct FwdParams {
   TileSchedule schedule;
   int tma_seqlen_k;  // seqlen_k, or 1 when there are no keys (a TMA dimension cannot be 0)
   int nheads_kv;
+  // The split tiles' counts and pieces' states (fwd_tail_split.h); null without a split.
+  int* split_count;
+  float* split_state;
 };
 
 }  // namespace flashcute::hopper

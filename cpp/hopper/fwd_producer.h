@@ -3,7 +3,8 @@
 // Per tile: the first K block, then Q (once the consumers released the previous tile's Q),
 // then K of the next block ahead of V of the current one, so S = Q·Kᵀ of block n-1 never waits
 // behind V of block n. Where O is staged in V's buffer, the first V load of a tile waits for
-// the previous tile's O stores. Key blocks go from the last to the first, as the consumers visit them.
+// the previous tile's O stores. Key blocks go from the last to the first, as the consumers visit
+// them; a piece of a split tile (tile_scheduler.h) loads its own key blocks only.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -38,11 +39,13 @@ CUTE_DEVICE void produce_fwd(FwdParams<Traits> const& params, typename Traits::S
   auto k_state = cutlass::make_producer_start_state<PipelineKV>();
   auto v_state = cutlass::make_producer_start_state<PipelineKV>();
   int iteration = 0;
-  for (TileWalk walk(params.schedule, blockIdx.x, gridDim.x); walk.valid(); walk.advance(), ++iteration) {
+  for (TileWalk walk(params.schedule); walk.valid(); walk.advance(), ++iteration) {
     const FwdTile tile = walk.tile();
     const int kv_head = tile.head / args.heads_per_kv;
     const KeyBlockRange range = key_block_range<kBlockN>(tile.m_block * Traits::kBlockM, Traits::kBlockM,
                                                          args.seqlen_q, args.seqlen_k, args.causal);
+    const int n_begin = tile.key_begin;  // a piece of a split tile: its key blocks only
+    const int n_end = range.n_end < tile.key_end ? range.n_end : tile.key_end;
     Tensor tQgQ = tma_q.partition_S(local_tile(mQ(_, _, tile.head, tile.batch), typename Traits::TileQ{},
                                                make_coord(_, _0{})));  // (TMA, ..., 64-row block)
     Tensor tKgK = tma_k.partition_S(local_tile(mK(_, _, kv_head, tile.batch), typename Traits::TileKV{},
@@ -69,8 +72,8 @@ CUTE_DEVICE void produce_fwd(FwdParams<Traits> const& params, typename Traits::S
       ++v_state;
     };
 
-    int n = range.n_end - 1;
-    if (n >= 0) load_k(n);
+    int n = n_end - 1;
+    if (n >= n_begin) load_k(n);
     if (iteration > 0) storage.q_empty.wait((iteration - 1) & 1);
     storage.q_full.arrive_and_expect_tx(Traits::kQBytes);
     CUTE_UNROLL
@@ -78,11 +81,11 @@ CUTE_DEVICE void produce_fwd(FwdParams<Traits> const& params, typename Traits::S
       copy(params.tma_q.with(reinterpret_cast<uint64_t&>(storage.q_full)),
            tQgQ(_, _, _, tile.m_block * Traits::kConsumers + c), tQsQ(_, _, _, c));
     }
-    for (; n > 0; --n) {
+    for (; n > n_begin; --n) {
       load_k(n - 1);
       load_v(n);
     }
-    if (n == 0) load_v(0);
+    if (n == n_begin) load_v(n);
     wait_o_buffer();  // tiles without key blocks still complete a phase
   }
 }

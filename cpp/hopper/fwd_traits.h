@@ -11,6 +11,8 @@
 #include <cutlass/gemm/collective/builders/sm90_common.inl>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "hopper/fwd_config.h"
+
 namespace flashcute::hopper {
 
 using namespace cute;
@@ -92,9 +94,13 @@ struct FwdTraits {
     cutlass::arch::ClusterTransactionBarrier q_full;  // Q of the current tile landed
     cutlass::arch::ClusterBarrier q_empty;            // consumers are done with Q's buffer
     cutlass::arch::ClusterBarrier o_empty;            // O in V's buffer: the O stores have read it
+    int split_last[2];  // per piece of a split tile: this CTA counted last (fwd_split_pieces.h)
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= kSmemLimit, "tile does not fit in shared memory");
 };
+
+template <class Element, int kHeadDim, class Shape = FwdTileShape<kHeadDim>>
+using FwdTraitsFor = FwdTraits<Element, kHeadDim, Shape::kBlockN_, Shape::kStages_, Shape::kConsumers_>;
 
 }  // namespace flashcute::hopper

@@ -11,6 +11,7 @@ enum class FwdBarrier : int {
   kMmaTurn0 = 1,       // kMmaTurn0 + c: consumer c may issue its next GEMMs
   kEpilogue0 = 1 + 4,  // kEpilogue0 + c: consumer c's 128 threads around its O tile
   kLastPvDone = 1 + 8, // all consumers: no WGMMA reads V any more (O is staged in V's buffer)
+  kSplitCount = 1 + 9, // all consumers, around counting a split tile's piece done
 };
 
 // Backward: both consumers' dS tiles are in shared memory (256 threads); one consumer's

@@ -11,9 +11,15 @@
 // (their K/V stays in L2; the group size is chosen at launch, fwd_launch.h); inside a group
 // the order is query-block-major (pair-major). Without pairs, the last query block of every
 // head (a partial tile) can be moved behind all other units, so short tiles fill the tail.
+//
+// Without causal masking the last wave's tiles may be shared by all CTAs instead
+// (fwd_tail_split.h): after its whole units a CTA runs one or two pieces, each a range of one
+// tile's key blocks.
 #pragma once
 
 #include <cute/config.hpp>
+
+#include "fwd_tail_split.h"
 
 namespace flashcute::hopper {
 
@@ -21,6 +27,9 @@ struct FwdTile {
   int m_block;
   int head;
   int batch;
+  int key_begin = 0;        // key blocks [key_begin, key_end) of the tile's range
+  int key_end = 1 << 30;
+  int split = -1;           // a piece: the split tile's index (its count), else -1
 };
 
 // The query tiles of one work unit: m_blocks[0], then m_blocks[1] when count == 2.
@@ -40,6 +49,7 @@ struct TileSchedule {
   int num_units;
   bool paired;         // causal: units are (M-1-p, p) pairs of query blocks
   bool last_block_last;  // not paired: every head's last query block after all the others
+  FwdTailSplit split;    // not paired: units [split.whole_units, num_units) run as pieces
 
   CUTE_HOST_DEVICE static TileSchedule make(int num_m_blocks, int nheads, int batch, int group_size, bool paired,
                                             bool last_block_last = false) {
@@ -52,6 +62,7 @@ struct TileSchedule {
     s.last_block_last = !paired && last_block_last;
     // Paired: floor(M/2) pairs per head, then one middle block per head when M is odd.
     s.num_units = paired ? s.num_head_batch * ((num_m_blocks + 1) / 2) : s.num_head_batch * num_m_blocks;
+    s.split.whole_units = s.num_units;
     return s;
   }
 
@@ -87,25 +98,57 @@ struct TileSchedule {
   }
 };
 
-// One CTA's tiles in order: units first, first + stride, ..., each unit's tiles in turn.
+// One CTA's tiles in order: units blockIdx.x, + gridDim.x, ... below split.whole_units, each
+// unit's tiles in turn; then the pieces of its range of the split tiles' key blocks. The
+// pieces' ranges are recomputed per piece (at most two), the whole units' decoded once each.
 struct TileWalk {
   TileSchedule const& schedule;
-  int stride;
   int unit_index;
   int part = 0;
+  int piece = -1;  // -1 while whole units remain; then the piece (0 or 1)
+  int pieces = 0;  // set when the whole units are done
   FwdUnit unit{};
 
-  CUTE_DEVICE TileWalk(TileSchedule const& schedule_, int first, int stride_)
-      : schedule(schedule_), stride(stride_), unit_index(first) {
-    if (valid()) unit = schedule.unit(unit_index);
+  CUTE_DEVICE explicit TileWalk(TileSchedule const& schedule_)
+      : schedule(schedule_), unit_index(blockIdx.x) {
+    if (unit_index < schedule.split.whole_units) unit = schedule.unit(unit_index);
+    else start_pieces();
   }
-  CUTE_DEVICE bool valid() const { return unit_index < schedule.num_units; }
-  CUTE_DEVICE FwdTile tile() const { return unit.tile(part); }
+  CUTE_DEVICE bool valid() const { return piece < pieces; }
+  CUTE_DEVICE FwdTile tile() const { return piece < 0 ? unit.tile(part) : piece_tile(piece); }
+  // Piece k (0 or 1) of this CTA's range of the split tiles' key blocks.
+  CUTE_DEVICE FwdTile piece_tile(int k) const {
+    FwdTailSplit const& split = schedule.split;
+    const int range_begin = split.begin(blockIdx.x), range_end = split.begin(blockIdx.x + 1);
+    const int t = range_begin / split.key_blocks + k;
+    FwdTile tile = schedule.unit(split.whole_units + t).tile(0);
+    const int tile_begin = t * split.key_blocks, tile_end = tile_begin + split.key_blocks;
+    tile.key_begin = (range_begin > tile_begin ? range_begin : tile_begin) - tile_begin;
+    tile.key_end = (range_end < tile_end ? range_end : tile_end) - tile_begin;
+    tile.split = t;
+    return tile;
+  }
   CUTE_DEVICE void advance() {
+    if (piece >= 0) {
+      ++piece;
+      return;
+    }
     if (++part < unit.count) return;
     part = 0;
-    unit_index += stride;
-    if (valid()) unit = schedule.unit(unit_index);
+    unit_index += gridDim.x;
+    if (unit_index < schedule.split.whole_units) unit = schedule.unit(unit_index);
+    else start_pieces();
+  }
+
+ private:
+  // Counts the split tiles this CTA's range touches (its range is never longer than a tile).
+  CUTE_DEVICE void start_pieces() {
+    FwdTailSplit const& split = schedule.split;
+    piece = 0;
+    if (split.tiles == 0) return;
+    const int range_begin = split.begin(blockIdx.x), range_end = split.begin(blockIdx.x + 1);
+    if (range_end > range_begin)
+      pieces = (range_end - 1) / split.key_blocks - range_begin / split.key_blocks + 1;
   }
 };
 

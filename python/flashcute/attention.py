@@ -95,7 +95,10 @@ def attention(
     seqlen_k == 0 gives zeros and lse = -inf (every row has no key).
 
     Inputs may be torch tensors, cupy arrays or jax arrays; results are allocated by q's
-    framework on q's device. Other DLPack objects are accepted when ``out`` is given (they
+    framework on q's device. So is a transient fp32 workspace where the Hopper path spreads a
+    non-causal call's last wave of query tiles over all SMs (few tiles with long keys, or a
+    short last wave): up to 2 · SMs · tile rows · (headdim + 8) · 4 bytes, 18 MB at hd 128
+    on 132 SMs. Other DLPack objects are accepted when ``out`` is given (they
     are then launched on the stream of out's framework, else the legacy default stream).
     The kernel runs on the caller's current stream (torch, cupy). JAX streams cannot be
     joined: for jax arrays the call waits for the inputs, launches on the legacy default
@@ -168,6 +171,26 @@ def attention_dlpack(
     return (result, lse) if return_lse else result
 
 
+def _workspace(
+    ext: Any,
+    problem: ForwardProblem,
+    alloc: Optional[Framework],
+    like: Any,
+    causal: bool,
+    backend_code: int,
+) -> Any:
+    """The optional forward workspace, from the allocating framework; None when the call
+    needs none (the Hopper path uses it to split a non-causal call's last wave of tiles) or
+    nothing can allocate it (the call then runs unsplit, with the same results)."""
+    if alloc is None:
+        return None
+    nbytes = int(ext.forward_workspace_size(
+        problem.batch, problem.seqlen_q, problem.seqlen_k, problem.nheads, problem.nheads_kv,
+        problem.headdim, problem.dtype, causal, backend_code, problem.device_id,
+    ))
+    return alloc.empty(like, (nbytes,), "uint8") if nbytes > 0 else None
+
+
 def _launch(
     ext: Any,
     problem: ForwardProblem,
@@ -190,7 +213,9 @@ def _launch(
             if adapter is not None:
                 adapter.prepare(x)
     stream = alloc.stream(like) if alloc is not None else 0
+    workspace = _workspace(ext, problem, alloc, like, causal, backend_code)
     q, k, v, out, lse = (launchable(x) for x in tensors)
-    ext.forward(q, k, v, out, lse, problem.scale, causal, backend_code, stream)
+    ext.forward(q, k, v, out, lse, problem.scale, causal, backend_code, stream,
+                launchable(workspace) if workspace is not None else None)
     if sync:
         ext.synchronize(stream, problem.device_id)

@@ -44,6 +44,12 @@ struct AttentionForwardParams {
   const void* v = nullptr;
   void* out = nullptr;   // same dtype as q
   float* lse = nullptr;  // optional: (batch, nheads, seqlen_q) float32, natural log
+  // Optional device workspace, 16-byte aligned, of attention_forward_workspace_size() bytes
+  // (often 0). With it the Hopper path may run its last wave of query tiles split over all
+  // SMs; without it (or with fewer bytes) the call runs unsplit, with the same results. It
+  // needs no initialization and may be reused once the call's work has finished.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 
   int64_t batch = 0;
   int64_t seqlen_q = 0;
@@ -64,6 +70,13 @@ struct AttentionForwardParams {
   int device = -1;            // CUDA device of the pointers; -1: the current device
   cudaStream_t stream = nullptr;
 };
+
+// Bytes of the optional forward workspace for these sizes, dtype, `causal` and backend on
+// params.device (pointers are not read): fp32 partial results where the Hopper path splits the
+// last wave of a non-causal call over all SMs (up to 2 · SMs · tile rows · (headdim + 8) · 4
+// bytes), else 0.
+FLASHCUTE_API Status attention_forward_workspace_size(const AttentionForwardParams& params, size_t* bytes,
+                                                      Backend backend = Backend::kAuto);
 
 // Runs the forward pass. Rows with no key to attend to produce zeros and lse = -inf.
 FLASHCUTE_API Status attention_forward(const AttentionForwardParams& params, Backend backend = Backend::kAuto);

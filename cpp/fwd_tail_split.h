@@ -1,0 +1,100 @@
+// The Hopper-path forward's last wave, shared by every CTA (without causal masking). Every
+// query tile of a non-causal call has the same work, so with U tiles on S SMs the last
+// r = U mod S tiles run alone while S - r SMs idle (hd 128, 2048 tiles on 132 SMs: 68 of
+// them, for the whole length of a tile). With fewer tiles than SMs (small batch and few
+// heads, long keys) most SMs never get one.
+//
+// Split: tiles [0, whole_units) run whole, round-robin as before; the key blocks of the
+// other r tiles, laid end to end, are cut into S contiguous ranges, one per CTA. A range
+// touches at most two tiles (it is shorter than a tile), so a CTA runs at most two pieces:
+// the end of one tile and the start of the next. Every piece leaves its unnormalized output,
+// row maxima and row sums (fp32) in the workspace and counts itself; the piece that counts
+// last merges the others' into its own and stores O and LSE like a whole tile.
+#pragma once
+
+#include <cstddef>
+
+// Plain C++ as well (the host API sizes the workspace from it).
+#ifndef FLASHCUTE_HOST_DEVICE
+#if defined(__CUDACC__)
+#define FLASHCUTE_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define FLASHCUTE_HOST_DEVICE inline
+#endif
+#endif
+
+namespace flashcute {
+
+struct FwdTailSplit {
+  int whole_units = 0;  // schedule units that run whole
+  int tiles = 0;        // the tiles after them, shared by all CTAs (0: no split)
+  int key_blocks = 1;   // per tile
+  int ctas = 1;         // the grid
+
+  // 32-bit arithmetic throughout: the plan keeps blocks() · (ctas + 1) below 2^31 (the TMA
+  // producer runs on 24 registers, where 64-bit divisions spill).
+  FLASHCUTE_HOST_DEVICE int blocks() const { return tiles * key_blocks; }
+  // First block (of the tiles' blocks end to end) of CTA `cta`'s range; begin(ctas) = blocks().
+  FLASHCUTE_HOST_DEVICE int begin(int cta) const { return cta * blocks() / ctas; }
+  // The CTA whose range holds block `block`: the last one with begin(cta) <= block.
+  FLASHCUTE_HOST_DEVICE int cta_of(int block) const { return ((block + 1) * ctas + blocks() - 1) / blocks() - 1; }
+  FLASHCUTE_HOST_DEVICE int first_cta(int tile) const { return cta_of(tile * key_blocks); }
+  FLASHCUTE_HOST_DEVICE int last_cta(int tile) const { return cta_of((tile + 1) * key_blocks - 1); }
+  // A tile's pieces: one per CTA whose range touches it.
+  FLASHCUTE_HOST_DEVICE int parts(int tile) const { return last_cta(tile) - first_cta(tile) + 1; }
+  // Where CTA `cta` leaves its piece of `tile`: slot 2·cta for the tile its range starts in,
+  // 2·cta + 1 for the next one.
+  FLASHCUTE_HOST_DEVICE int slot(int cta, int tile) const {
+    return 2 * cta + (begin(cta) / key_blocks == tile ? 0 : 1);
+  }
+};
+
+// Host: the split for `units` tiles of `key_blocks` key blocks each on `sms` SMs. A piece costs
+// about kPieceCostBlocks key blocks beyond its own (its Q load and first GEMM, its state
+// written, counted, and read back by the last piece, whose merge waits on a few L2 round trips),
+// and a CTA runs up to two. Split only where every CTA gets two blocks or more and the last wave
+// gets shorter by a fifth of a tile: on H200 smaller savings measured as losses (hd 256 at 2k
+// and 4k, +4 % and +1 %), since the SMs a short tail leaves idle let the busy ones clock
+// higher under the power cap. With more tiles than SMs, not when some tiles are partial (they
+// run last and cost less than the model's full tile).
+inline FwdTailSplit plan_fwd_tail_split(int units, int key_blocks, int sms, bool partial_tiles = false) {
+  FwdTailSplit split;
+  split.whole_units = units;
+  split.key_blocks = key_blocks > 0 ? key_blocks : 1;
+  split.ctas = units < sms ? units : sms;
+  if (sms <= 0 || units <= 0 || key_blocks <= 0) return split;
+  if (units >= sms && partial_tiles) return split;
+  const int tail = units % sms;  // all of them when units < sms
+  if (tail == 0) return split;
+  const long long blocks = static_cast<long long>(tail) * key_blocks;
+  if (blocks < 2ll * sms || blocks * (sms + 1) >= (1ll << 31)) return split;
+  constexpr double kPieceCostBlocks = 3.0;
+  const double per_cta = static_cast<double>((blocks + sms - 1) / sms) + 2 * kPieceCostBlocks;
+  if (key_blocks - per_cta < 0.2 * key_blocks) return split;
+  split.whole_units = units - tail;
+  split.tiles = tail;
+  split.ctas = sms;
+  return split;
+}
+
+// The forward's workspace where the last wave is split: one int32 count per split tile
+// (zeroed by the launcher), then per slot (two per CTA) and consumer warpgroup the 128
+// threads' state in register order: `acc_floats` accumulator values and the row maxima and
+// sums of 2 rows, 16 bytes per thread and vector.
+struct FwdSplitWorkspace {
+  size_t count_bytes = 0;  // 16-byte multiple; the states follow
+  size_t state_floats_per_consumer = 0;
+  size_t bytes = 0;
+};
+
+inline FwdSplitWorkspace fwd_split_workspace(const FwdTailSplit& split, int consumers, int headdim) {
+  FwdSplitWorkspace w;
+  if (split.tiles == 0) return w;
+  w.count_bytes = (static_cast<size_t>(split.tiles) * 4 + 15) / 16 * 16;
+  // 64 rows x headdim accumulator values over 128 threads, plus 2 maxima and 2 sums each.
+  w.state_floats_per_consumer = (static_cast<size_t>(headdim) / 2 + 4) * 128;
+  w.bytes = w.count_bytes + 2 * static_cast<size_t>(split.ctas) * consumers * w.state_floats_per_consumer * 4;
+  return w;
+}
+
+}  // namespace flashcute

@@ -1,0 +1,34 @@
+// Host: whether a Hopper-path forward splits its last wave (fwd_tail_split.h), and the
+// workspace that needs. Plain C++: the host API sizes the workspace with it, the launcher
+// plans its grid with it, so both always agree.
+#pragma once
+
+#include <climits>
+
+#include "fwd_tail_split.h"
+#include "hopper/fwd_config.h"
+#include "kernel_params.h"
+
+namespace flashcute::hopper {
+
+struct FwdSplitPlan {
+  FwdTailSplit split;
+  FwdSplitWorkspace workspace;
+};
+
+// Only without causal masking (every tile has the same work) and with keys to split.
+inline FwdSplitPlan plan_fwd_split(const FwdKernelParams& p, int headdim, int sms) {
+  FwdSplitPlan plan;
+  const FwdTileSize tile = fwd_tile_size(headdim);
+  if (tile.consumers == 0 || p.causal || p.seqlen_q <= 0 || p.seqlen_k <= 0 || p.batch <= 0 || p.nheads <= 0)
+    return plan;
+  const int block_m = 64 * tile.consumers;
+  const long long units = static_cast<long long>((p.seqlen_q + block_m - 1) / block_m) * p.nheads * p.batch;
+  if (units > INT_MAX) return plan;
+  const int key_blocks = (p.seqlen_k + tile.block_n - 1) / tile.block_n;
+  plan.split = plan_fwd_tail_split(static_cast<int>(units), key_blocks, sms, p.seqlen_q % block_m != 0);
+  plan.workspace = fwd_split_workspace(plan.split, tile.consumers, headdim);
+  return plan;
+}
+
+}  // namespace flashcute::hopper
