@@ -10,14 +10,7 @@
 // split_tiles tiles of `parts` CTAs. A tile is (pair of the chunk) · key_blocks + key block.
 #pragma once
 
-// Plain C++ as well (the host API sizes the workspace from it).
-#ifndef FLASHCUTE_HOST_DEVICE
-#if defined(__CUDACC__)
-#define FLASHCUTE_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define FLASHCUTE_HOST_DEVICE inline
-#endif
-#endif
+#include "host_device.h"  // plain C++ as well: the host API sizes the workspace from it
 
 namespace flashcute {
 

@@ -8,20 +8,13 @@
 // other r tiles, laid end to end, are cut into S contiguous ranges, one per CTA. A range
 // touches at most two tiles (it is shorter than a tile), so a CTA runs at most two pieces:
 // the end of one tile and the start of the next. Every piece leaves its unnormalized output,
-// row maxima and row sums (fp32) in the workspace and counts itself; the piece that counts
-// last merges the others' into its own and stores O and LSE like a whole tile.
+// row maxima and row sums (fp32) in the workspace and counts itself; the CTA whose piece counts
+// last merges every piece of the tile, after its own pieces, and stores O and LSE.
 #pragma once
 
 #include <cstddef>
 
-// Plain C++ as well (the host API sizes the workspace from it).
-#ifndef FLASHCUTE_HOST_DEVICE
-#if defined(__CUDACC__)
-#define FLASHCUTE_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define FLASHCUTE_HOST_DEVICE inline
-#endif
-#endif
+#include "host_device.h"  // plain C++ as well: the host API sizes the workspace from it
 
 namespace flashcute {
 

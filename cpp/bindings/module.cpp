@@ -193,10 +193,11 @@ void backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
   raise_on_error(status);
 }
 
-size_t forward_workspace_size(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t nheads,
-                              int64_t nheads_kv, int64_t headdim, const std::string& dtype, bool causal,
-                              int backend, int device) {
-  flashcute::AttentionForwardParams p;
+// Params of a workspace-size query: sizes, dtype and mask (pointers are not read).
+template <class Params>
+Params size_query(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t nheads, int64_t nheads_kv,
+                  int64_t headdim, const std::string& dtype, bool causal) {
+  Params p;
   p.batch = batch, p.seqlen_q = seqlen_q, p.seqlen_k = seqlen_k;
   p.nheads = nheads, p.nheads_kv = nheads_kv, p.headdim = headdim;
   if (dtype != "float16" && dtype != "bfloat16")
@@ -204,6 +205,14 @@ size_t forward_workspace_size(int64_t batch, int64_t seqlen_q, int64_t seqlen_k,
   p.dtype = dtype == "bfloat16" ? flashcute::DType::kBFloat16 : flashcute::DType::kFloat16;
   p.causal = causal;
   p.softmax_scale = 1.f;
+  return p;
+}
+
+size_t forward_workspace_size(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t nheads,
+                              int64_t nheads_kv, int64_t headdim, const std::string& dtype, bool causal,
+                              int backend, int device) {
+  auto p = size_query<flashcute::AttentionForwardParams>(batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim,
+                                                         dtype, causal);
   p.device = device;
   size_t bytes = 0;
   raise_on_error(flashcute::attention_forward_workspace_size(p, &bytes, static_cast<flashcute::Backend>(backend)));
@@ -211,8 +220,8 @@ size_t forward_workspace_size(int64_t batch, int64_t seqlen_q, int64_t seqlen_k,
 }
 
 // The forward's last-wave split (fwd_tail_split.h) for `units` tiles of `key_blocks` key blocks
-// on `sms` SMs (some tiles partial or not), for tests: (whole_units, tiles, ctas, range starts of CTAs 0..ctas, and per
-// split tile its CTAs' slots in CTA order).
+// on `sms` SMs (some tiles partial or not), for tests: (whole_units, tiles, ctas, range starts
+// of CTAs 0..ctas, and per split tile its CTAs' slots in CTA order).
 std::tuple<int, int, int, std::vector<int>, std::vector<std::vector<int>>> forward_split_plan(
     int units, int key_blocks, int sms, bool partial_tiles) {
   const flashcute::FwdTailSplit split = flashcute::plan_fwd_tail_split(units, key_blocks, sms, partial_tiles);
@@ -234,15 +243,9 @@ std::tuple<int, int, int, std::vector<int>, std::vector<std::vector<int>>> forwa
 size_t backward_workspace_size(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t nheads,
                                int64_t nheads_kv, int64_t headdim, const std::string& dtype,
                                bool deterministic, int backend, bool causal) {
-  flashcute::AttentionBackwardParams p;
-  p.batch = batch, p.seqlen_q = seqlen_q, p.seqlen_k = seqlen_k;
-  p.nheads = nheads, p.nheads_kv = nheads_kv, p.headdim = headdim;
-  if (dtype != "float16" && dtype != "bfloat16")
-    throw nb::value_error("dtype: expected 'float16' or 'bfloat16'");
-  p.dtype = dtype == "bfloat16" ? flashcute::DType::kBFloat16 : flashcute::DType::kFloat16;
+  auto p = size_query<flashcute::AttentionBackwardParams>(batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim,
+                                                          dtype, causal);
   p.deterministic = deterministic;
-  p.causal = causal;
-  p.softmax_scale = 1.f;
   size_t bytes = 0;
   raise_on_error(flashcute::attention_backward_workspace_size(p, &bytes,
                                                               static_cast<flashcute::Backend>(backend)));
