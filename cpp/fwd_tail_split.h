@@ -70,10 +70,13 @@ inline FwdTailSplit plan_fwd_tail_split(int units, int key_blocks, int sms, bool
   return split;
 }
 
+// Floats of one consumer warpgroup's state in one slot (hopper/fwd_split_pieces.h lays it
+// out): per thread, 64 rows x headdim accumulator values over 128 threads, then 2 row maxima
+// and 2 row sums.
+FLASHCUTE_HOST_DEVICE constexpr int fwd_split_state_floats(int headdim) { return (headdim / 2 + 4) * 128; }
+
 // The forward's workspace where the last wave is split: one int32 count per split tile
-// (zeroed by the launcher), then per slot (two per CTA) and consumer warpgroup the 128
-// threads' state in register order: `acc_floats` accumulator values and the row maxima and
-// sums of 2 rows, 16 bytes per thread and vector.
+// (zeroed by the launcher), then per slot (two per CTA) and consumer warpgroup its state.
 struct FwdSplitWorkspace {
   size_t count_bytes = 0;  // 16-byte multiple; the states follow
   size_t state_floats_per_consumer = 0;
@@ -84,8 +87,7 @@ inline FwdSplitWorkspace fwd_split_workspace(const FwdTailSplit& split, int cons
   FwdSplitWorkspace w;
   if (split.tiles == 0) return w;
   w.count_bytes = (static_cast<size_t>(split.tiles) * 4 + 15) / 16 * 16;
-  // 64 rows x headdim accumulator values over 128 threads, plus 2 maxima and 2 sums each.
-  w.state_floats_per_consumer = (static_cast<size_t>(headdim) / 2 + 4) * 128;
+  w.state_floats_per_consumer = static_cast<size_t>(fwd_split_state_floats(headdim));
   w.bytes = w.count_bytes + 2 * static_cast<size_t>(split.ctas) * consumers * w.state_floats_per_consumer * 4;
   return w;
 }

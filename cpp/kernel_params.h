@@ -27,7 +27,7 @@ struct FwdKernelParams {
   float scale_log2;  // softmax_scale * log2(e): scores go through exp2 with one FMA
   bool causal;
   // Optional: the Hopper path splits its last wave when this holds the bytes
-  // hopper_fwd_split_workspace() asks for (fwd_tail_split.h).
+  // plan_fwd_split() asks for (hopper/fwd_split_plan.h).
   void* workspace;
   size_t workspace_bytes;
 };

@@ -26,6 +26,7 @@ struct PieceStates {
   static_assert(kCols % 4 == 0);
   static constexpr int kAccChunks = kRows * kCols / 4;
   static constexpr int kStateFloats = (kAccChunks + 1) * 512;  // per consumer and slot
+  static_assert(kStateFloats == fwd_split_state_floats(Traits::kHeadDim), "the workspace the host sizes");
   FwdTailSplit const& split;
   float* base;  // this consumer's and thread's part of slot 0
 
