@@ -340,6 +340,24 @@ def test_many_tiles_per_cta(gen, backend, headdim, dtype, causal, batch, seqlen_
     run_checked(q, k, v, causal=causal, backend=backend)
 
 
+@pytest.mark.parametrize("backend, headdim, dtype", _per_backend())
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(100, 100), (333, 1000), (1000, 333), (1100, 1100)])
+def test_causal_partial_tile_keeps_guard_rows(gen, backend, headdim, dtype, seqlen_q, seqlen_k):
+    """Causal query rows that do not fill whole tiles: the Hopper path starts its first tile
+    before row 0 (so the partial tile is the one with the fewest keys). out lies inside a
+    NaN-filled buffer with guard rows before and after every batch's rows; none may change."""
+    batch, nheads, guard = 2, 3, 64
+    q, k, v = make_qkv(gen, batch, seqlen_q, seqlen_k, nheads, nheads, headdim, dtype)
+    storage = torch.full((batch, guard + seqlen_q + guard, nheads, headdim), math.nan,
+                         dtype=q.dtype, device=q.device)
+    out = storage[:, guard:guard + seqlen_q]
+    result, lse = flashcute.attention(q, k, v, causal=True, out=out, return_lse=True, backend=backend)
+    assert result is out
+    assert torch.isnan(storage[:, :guard]).all(), "rows before out were written"
+    assert torch.isnan(storage[:, guard + seqlen_q:]).all(), "rows after out were written"
+    check_close(out, lse, q, k, v, causal=True)
+
+
 # Shapes whose last wave of query tiles the Hopper path runs split over all SMs: fewer tiles
 # than SMs with long keys (every tile in pieces, partial query tiles, a masked key tail), two
 # tiles of 125-250 key blocks (66 pieces of 2-4 blocks each), and more full tiles than SMs.

@@ -71,13 +71,13 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
   TileWalk walk(params.schedule);
   for (; walk.valid(); walk.advance(), ++iteration) {
     const FwdTile tile = walk.tile();
-    const int row0 = tile.m_block * Traits::kBlockM;
+    const int row0 = tile_row0(params, tile.m_block);
     KeyBlockRange range = key_block_range<kBlockN>(row0, Traits::kBlockM, args.seqlen_q,
                                                    args.seqlen_k, args.causal);
     // This consumer's own rows may see fewer key blocks than the tile's (causal diagonal, rows
-    // past seqlen_q): it skips their GEMMs but still takes its turns and frees their stages.
+    // outside [0, seqlen_q)): it skips their GEMMs but still takes its turns and frees their stages.
     const int consumer_row0 = row0 + consumer * kRows;
-    KeyBlockRange mine = consumer_row0 >= args.seqlen_q
+    KeyBlockRange mine = consumer_row0 >= args.seqlen_q || consumer_row0 + kRows <= 0
                              ? KeyBlockRange{0, 0}
                              : key_block_range<kBlockN>(consumer_row0, kRows, args.seqlen_q,
                                                         args.seqlen_k, args.causal);
@@ -173,7 +173,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
     }
     float lse[kThreadRows];
     softmax.finalize(acc_o_rc, lse);
-    epilogue.store(acc_o, lse, tile, thr_pv);
+    epilogue.store(acc_o, lse, tile, consumer_row0, thr_pv);
   }
   // Split tiles this CTA counted last: merged from every piece's state, stored as above. (With
   // pieces the CTA has passed leave_split_piece's barriers, so the flags are set.)
@@ -184,7 +184,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
     merge_split_pieces(params, consumer, tile, acc_o_rc, softmax);
     float lse[kThreadRows];
     softmax.finalize(acc_o_rc, lse);
-    epilogue.store(acc_o, lse, tile, thr_pv);
+    epilogue.store(acc_o, lse, tile, tile_row0(params, tile.m_block) + consumer * kRows, thr_pv);
   }
   epilogue.drain();
   // Consumer 0 takes the turn the last consumer passed after its final GEMMs, so every

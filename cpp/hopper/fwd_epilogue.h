@@ -1,6 +1,6 @@
 // Epilogue of a Hopper-path consumer: O (already normalized) goes registers -> shared memory
 // (stmatrix) -> global memory (one TMA store per consumer's 64 rows, clipped at seqlen_q by
-// the tensor map); LSE is written from registers. Where O is staged in V's or Q's buffer,
+// the tensor map; none for rows before 0); LSE is written from registers. Where O is staged in V's or Q's buffer,
 // the epilogue also tells the producer when that buffer may be loaded again.
 #pragma once
 
@@ -42,12 +42,13 @@ struct FwdEpilogue {
     }
   }
 
+  // row0: the first of this consumer's 64 query rows (tile_row0 + 64 * consumer; a multiple
+  // of 64 below 0 in a shifted first tile).
   template <class AccO, class ThrMma, int kThreadRows>
-  CUTE_DEVICE void store(AccO const& acc_o, const float (&lse)[kThreadRows], FwdTile const& tile,
+  CUTE_DEVICE void store(AccO const& acc_o, const float (&lse)[kThreadRows], FwdTile const& tile, int row0,
                          ThrMma const& thr_pv) {
     using namespace cute;
     const FwdKernelParams& args = params.args;
-    const int row0 = tile.m_block * Traits::kBlockM + consumer * Traits::kRowsPerConsumer;
     Tensor o = convert_fragment<Element>(acc_o);
 
     Tensor sO = make_tensor(make_smem_ptr(o_buffer()), typename Traits::SmemLayoutQ{})(_, _, consumer);
@@ -61,11 +62,13 @@ struct FwdEpilogue {
     cutlass::arch::fence_view_async_shared();  // generic-proxy writes visible to the TMA
     epilogue_barrier_sync(consumer);
     if (tid == 0) {
-      Tensor mO = params.tma_o.get_tma_tensor(make_shape(args.seqlen_q, int(Traits::kHeadDim), args.nheads, args.batch));
-      Tensor gO = local_tile(mO(_, _, tile.head, tile.batch), typename Traits::TileQ{},
-                             make_coord(tile.m_block * Traits::kConsumers + consumer, _0{}));
-      auto tma_o = params.tma_o.get_slice(_0{});
-      copy(params.tma_o, tma_o.partition_S(sO), tma_o.partition_D(gO));
+      if (row0 >= 0) {  // rows before 0 (a shifted first tile) are padding, never stored
+        Tensor mO = params.tma_o.get_tma_tensor(make_shape(args.seqlen_q, int(Traits::kHeadDim), args.nheads, args.batch));
+        Tensor gO = local_tile(domain_offset(make_coord(row0, _0{}), mO(_, _, tile.head, tile.batch)),
+                               typename Traits::TileQ{}, make_coord(_0{}, _0{}));
+        auto tma_o = params.tma_o.get_slice(_0{});
+        copy(params.tma_o, tma_o.partition_S(sO), tma_o.partition_D(gO));
+      }
       tma_store_arrive();
       if constexpr (Traits::kOAliasesQ) {
         tma_store_wait<0>();  // O has left the buffer: the producer may load the next Q
@@ -80,7 +83,7 @@ struct FwdEpilogue {
       CUTE_UNROLL
       for (int r = 0; r < kThreadRows; ++r) {
         const int row = row0 + get<0>(tOcO_rc(r, 0));
-        if (row < args.seqlen_q) lse_base[row] = lse[r];
+        if (row >= 0 && row < args.seqlen_q) lse_base[row] = lse[r];
       }
     }
   }

@@ -28,8 +28,9 @@ auto tma_view(Pointer ptr, int seqlen, int headdim, int heads, int batch, int64_
 // - One, so that the units run in head order and the CTAs running at once work on one or two
 //   heads, reading each K/V block from DRAM about once while it sits in L2. Without causal, a
 //   partial last query tile of every head is moved to the end of the order (TileSchedule).
-// - Causal with a partial last tile: groups whose K/V fits in about half of L2, run
-//   pair-major (measured faster at hd 64, 512/1k).
+// - Causal where the query tiles do not fill seqlen_q: groups whose K/V fits in about half of
+//   L2, run pair-major (measured faster at hd 64, 512/1k; with the partial tile moved first
+//   still 0.5-2 % faster at 512-4k).
 // Measured on H200 (benchmarks/results/README.md): L2-sized groups read 2.2-2.8x the DRAM
 // bytes of cuDNN (hd 128, seqlen 2k: 570 vs 201 MB) and cost up to 0.13 of the ratio to it.
 inline int head_group_size(const FwdKernelParams& p, int block_m, int headdim, int element_bytes, int l2_bytes) {
@@ -123,6 +124,11 @@ Status run_fwd(const FwdKernelParams& p, cudaStream_t stream) {
     return make_status(StatusCode::kNotSupported, "hopper path: more than 2^31 query tiles");
   const int group_size = head_group_size(p, Traits::kBlockM, kHeadDim, sizeof(Element), l2_bytes);
   const bool partial_last_tile = p.seqlen_q % Traits::kBlockM != 0;
+  // Causal: the query tiles start up to kBlockM - 64 rows before row 0, in whole consumer blocks,
+  // so that the consumers a partial tile leaves idle sit in the first tile (the fewest keys), not
+  // the last (the most). TMA boxes then start at row 0 or later, or are skipped.
+  const int missing_rows = partial_last_tile ? Traits::kBlockM - p.seqlen_q % Traits::kBlockM : 0;
+  kp.row_shift = p.causal ? missing_rows / Traits::kRowsPerConsumer * Traits::kRowsPerConsumer : 0;
   kp.schedule = TileSchedule::make(num_m_blocks, p.nheads, p.batch, group_size, p.causal, partial_last_tile);
   int grid = std::min(kp.schedule.num_units, sm_count);
 

@@ -21,6 +21,7 @@ CUTE_DEVICE void produce_fwd(FwdParams<Traits> const& params, typename Traits::S
   using namespace cute;
   using PipelineKV = typename Traits::PipelineKV;
   constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kRows = Traits::kRowsPerConsumer;
   const FwdKernelParams& args = params.args;
 
   Tensor mQ = params.tma_q.get_tma_tensor(make_shape(args.seqlen_q, int(Traits::kHeadDim), args.nheads, args.batch));
@@ -42,12 +43,14 @@ CUTE_DEVICE void produce_fwd(FwdParams<Traits> const& params, typename Traits::S
   for (TileWalk walk(params.schedule); walk.valid(); walk.advance(), ++iteration) {
     const FwdTile tile = walk.tile();
     const int kv_head = tile.head / args.heads_per_kv;
-    const KeyBlockRange range = key_block_range<kBlockN>(tile.m_block * Traits::kBlockM, Traits::kBlockM,
+    const KeyBlockRange range = key_block_range<kBlockN>(tile_row0(params, tile.m_block), Traits::kBlockM,
                                                          args.seqlen_q, args.seqlen_k, args.causal);
     const int n_begin = tile.key_begin;  // a piece of a split tile: its key blocks only
     const int n_end = range.n_end < tile.key_end ? range.n_end : tile.key_end;
-    Tensor tQgQ = tma_q.partition_S(local_tile(mQ(_, _, tile.head, tile.batch), typename Traits::TileQ{},
-                                               make_coord(_, _0{})));  // (TMA, ..., 64-row block)
+    // (TMA, ..., 64-row block): block b starts at row 64 b - row_shift
+    Tensor tQgQ = tma_q.partition_S(local_tile(domain_offset(make_coord(-params.row_shift, _0{}),
+                                                             mQ(_, _, tile.head, tile.batch)),
+                                               typename Traits::TileQ{}, make_coord(_, _0{})));
     Tensor tKgK = tma_k.partition_S(local_tile(mK(_, _, kv_head, tile.batch), typename Traits::TileKV{},
                                                make_coord(_, _0{})));  // (TMA, ..., key block)
     Tensor tVgV = tma_v.partition_S(local_tile(mV(_, _, kv_head, tile.batch), typename Traits::TileKV{},
@@ -75,11 +78,15 @@ CUTE_DEVICE void produce_fwd(FwdParams<Traits> const& params, typename Traits::S
     int n = n_end - 1;
     if (n >= n_begin) load_k(n);
     if (iteration > 0) storage.q_empty.wait((iteration - 1) & 1);
-    storage.q_full.arrive_and_expect_tx(Traits::kQBytes);
+    // A shifted first tile: its 64-row blocks before row 0 stay unloaded (their consumers skip them).
+    const int first_block = tile.m_block * Traits::kConsumers;
+    const int skipped = tile.m_block == 0 ? params.row_shift / kRows : 0;
+    storage.q_full.arrive_and_expect_tx(Traits::kQBytes / Traits::kConsumers * (Traits::kConsumers - skipped));
     CUTE_UNROLL
     for (int c = 0; c < Traits::kConsumers; ++c) {
-      copy(params.tma_q.with(reinterpret_cast<uint64_t&>(storage.q_full)),
-           tQgQ(_, _, _, tile.m_block * Traits::kConsumers + c), tQsQ(_, _, _, c));
+      if (c >= skipped)
+        copy(params.tma_q.with(reinterpret_cast<uint64_t&>(storage.q_full)), tQgQ(_, _, _, first_block + c),
+             tQsQ(_, _, _, c));
     }
     for (; n > n_begin; --n) {
       load_k(n - 1);
