@@ -30,7 +30,7 @@ auto tma_view(Pointer ptr, int seqlen, int headdim, int heads, int batch, int64_
 //   partial last query tile of every head is moved to the end of the order (TileSchedule).
 // - Causal where the query tiles do not fill seqlen_q: groups whose K/V fits in about half of
 //   L2, run pair-major (measured faster at hd 64, 512/1k; with the partial tile moved first
-//   still 0.5-2 % faster at 512-4k).
+//   still 0.8-1.9 % faster at 512-16k).
 // Measured on H200 (benchmarks/results/README.md): L2-sized groups read 2.2-2.8x the DRAM
 // bytes of cuDNN (hd 128, seqlen 2k: 570 vs 201 MB) and cost up to 0.13 of the ratio to it.
 inline int head_group_size(const FwdKernelParams& p, int block_m, int headdim, int element_bytes, int l2_bytes) {
