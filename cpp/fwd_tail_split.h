@@ -45,8 +45,10 @@ struct FwdTailSplit {
 // Host: the split for `units` tiles of `key_blocks` key blocks each on `sms` SMs. A piece costs
 // about kPieceCostBlocks key blocks beyond its own (its Q load and first GEMM, its state
 // written, counted, and read back by the last piece, whose merge waits on a few L2 round trips),
-// and a CTA runs up to two. Split only where every CTA gets two blocks or more and the last wave
-// gets shorter by a fifth of a tile: on H200 smaller savings measured as losses (hd 256 at 2k
+// and a CTA runs up to two. Every CTA gets two blocks or more: with fewer tiles than SMs and
+// fewer than two blocks per SM, the grid shrinks to one CTA per two blocks (still more CTAs
+// than tiles, so a range stays shorter than a tile). Split only where the last wave gets
+// shorter by a fifth of a tile: on H200 smaller savings measured as losses (hd 256 at 2k
 // and 4k, +4 % and +1 %), since the SMs a short tail leaves idle let the busy ones clock
 // higher under the power cap. With more tiles than SMs, not when some tiles are partial (they
 // run last and cost less than the model's full tile).
@@ -60,13 +62,19 @@ inline FwdTailSplit plan_fwd_tail_split(int units, int key_blocks, int sms, bool
   const int tail = units % sms;  // all of them when units < sms
   if (tail == 0) return split;
   const long long blocks = static_cast<long long>(tail) * key_blocks;
-  if (blocks < 2ll * sms || blocks * (sms + 1) >= (1ll << 31)) return split;
+  int ctas = sms;
+  if (blocks < 2ll * sms) {
+    if (units >= sms) return split;  // the whole units go round-robin over all SMs
+    ctas = static_cast<int>(blocks / 2);
+    if (ctas <= units) return split;
+  }
+  if (blocks * (ctas + 1) >= (1ll << 31)) return split;
   constexpr double kPieceCostBlocks = 3.0;
-  const double per_cta = static_cast<double>((blocks + sms - 1) / sms) + 2 * kPieceCostBlocks;
+  const double per_cta = static_cast<double>((blocks + ctas - 1) / ctas) + 2 * kPieceCostBlocks;
   if (key_blocks - per_cta < 0.2 * key_blocks) return split;
   split.whole_units = units - tail;
   split.tiles = tail;
-  split.ctas = sms;
+  split.ctas = ctas;
   return split;
 }
 

@@ -90,19 +90,22 @@ def test_backward_workspace_reserves_split_sums_only_without_causal():
 @pytest.mark.parametrize(
     "units, key_blocks, sms",
     [(2048, 128, 132), (2048, 64, 132), (1024, 205, 132), (64, 128, 132), (36, 40, 132),
-     (2, 157, 132), (400, 100, 114), (97, 1000, 78)],
+     (2, 157, 132), (400, 100, 114), (97, 1000, 78), (2, 114, 132), (10, 20, 132), (3, 60, 132)],
 )
 def test_forward_split_plan_covers_every_key_block_once(units, key_blocks, sms):
     """The forward's last wave shared by all CTAs: whole units are a multiple of the grid, the
     CTAs' ranges cover the split tiles' key blocks end to end with no gap or overlap, none is
     longer than a tile (so a CTA runs at most two pieces), every range is at least two blocks,
-    and the pieces of a tile leave their states in distinct slots (2 per CTA)."""
+    and the pieces of a tile leave their states in distinct slots (2 per CTA). Fewer tiles than
+    SMs with fewer than two blocks per SM run on one CTA per two blocks."""
     ext = pytest.importorskip("flashcute._C")
     whole, tiles, ctas, begins, slots = ext._forward_split_plan(units, key_blocks, sms)
     assert tiles > 0, "these shapes leave SMs idle for most of a tile: the plan must split"
     if units < sms:  # tiles that do not fill the GPU are split even when some are partial
         assert ext._forward_split_plan(units, key_blocks, sms, True)[1] == tiles
-    assert whole + tiles == units and ctas == sms
+    assert whole + tiles == units
+    blocks = tiles * key_blocks
+    assert ctas == (sms if blocks >= 2 * sms else blocks // 2) and ctas > tiles
     assert whole % ctas == 0 and tiles == units % sms
     assert begins[0] == 0 and begins[-1] == tiles * key_blocks and len(begins) == ctas + 1
     lengths = [b - a for a, b in zip(begins, begins[1:])]
@@ -122,7 +125,8 @@ def test_forward_split_plan_covers_every_key_block_once(units, key_blocks, sms):
     "units, key_blocks, sms, partial",
     [(2048, 16, 132, False), (2048, 8, 132, False), (1024, 26, 132, False), (1024, 103, 132, False),
      (88, 32, 132, False), (128, 256, 132, False), (2048, 128, 132, True), (1056, 64, 132, False),
-     (10, 20, 132, False), (0, 10, 132, False), (100, 0, 132, False)],
+     (10, 3, 132, False), (1, 1, 132, False), (133, 1, 132, False), (0, 10, 132, False),
+     (100, 0, 132, False)],
 )
 def test_forward_split_plan_keeps_short_or_even_waves_whole(units, key_blocks, sms, partial):
     """No split where it would not save a fifth of a tile: few key blocks per tile (hd 128 at
@@ -133,6 +137,21 @@ def test_forward_split_plan_keeps_short_or_even_waves_whole(units, key_blocks, s
     ext = pytest.importorskip("flashcute._C")
     whole, tiles, ctas, begins, slots = ext._forward_split_plan(units, key_blocks, sms, partial)
     assert (whole, tiles, begins, slots) == (units, 0, [], [])
+
+
+@pytest.mark.parametrize(
+    "headdim, seqlen_q, seqlen_k, causal, tile",
+    [(128, 1024, 8192, False, (176, 2)), (128, 1, 100000, False, (176, 2)),
+     (128, 1024, 8191, False, (128, 2)), (128, 16384, 16384, True, (176, 2)),
+     (128, 16384, 16383, True, (128, 2)), (128, 700, 9000, True, (176, 2)),
+     (128, 20000, 8192, True, (128, 2)), (64, 1, 100000, False, (128, 3)),
+     (256, 1, 100000, False, (80, 2)), (96, 1, 100000, True, (128, 2))],
+)
+def test_forward_tile_for_long_keys(headdim, seqlen_q, seqlen_k, causal, tile):
+    """hd 128 takes its 176-key tile once its rows see 8192 keys on average (causal rows see
+    seqlen_k - seqlen_q / 2); other head dims keep one tile."""
+    ext = pytest.importorskip("flashcute._C")
+    assert tuple(ext._forward_tile(headdim, seqlen_q, seqlen_k, causal)) == tile
 
 
 def test_forward_workspace_is_zero_without_a_hopper_gpu_or_with_causal():

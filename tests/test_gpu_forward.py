@@ -340,6 +340,23 @@ def test_many_tiles_per_cta(gen, backend, headdim, dtype, causal, batch, seqlen_
     run_checked(q, k, v, causal=causal, backend=backend)
 
 
+@pytest.mark.skipif(128 not in SUPPORT.get("hopper", ([], []))[0],
+                    reason="no Hopper-path hd 128 kernel on this GPU")
+@pytest.mark.parametrize("dtype", SUPPORT.get("hopper", ([], ALL_DTYPES))[1])
+@pytest.mark.parametrize("batch, seqlen_q, seqlen_k, nheads, nheads_kv, causal",
+                         [(2, 333, 8500, 4, 2, False), (1, 64, 8448, 3, 3, False),
+                          (1, 700, 9000, 4, 2, True), (1, 200, 8300, 6, 1, True)])
+def test_long_key_tile(gen, dtype, batch, seqlen_q, seqlen_k, nheads, nheads_kv, causal):
+    """hd 128 with 8192 or more keys per row on average runs 176-key blocks: a masked key
+    tail (8500, 8300) or none (8448 = 48 blocks), causal rows whose diagonal falls inside a
+    block, GQA."""
+    from flashcute._build_info import load_extension
+
+    assert tuple(load_extension()._forward_tile(128, seqlen_q, seqlen_k, causal)) == (176, 2)
+    q, k, v = make_qkv(gen, batch, seqlen_q, seqlen_k, nheads, nheads_kv, 128, dtype)
+    run_checked(q, k, v, causal=causal, backend="hopper")
+
+
 @pytest.mark.parametrize("backend, headdim, dtype", _per_backend())
 @pytest.mark.parametrize("seqlen_q, seqlen_k", [(100, 100), (333, 1000), (1000, 333), (1100, 1100)])
 def test_causal_partial_tile_keeps_guard_rows(gen, backend, headdim, dtype, seqlen_q, seqlen_k):
@@ -358,9 +375,10 @@ def test_causal_partial_tile_keeps_guard_rows(gen, backend, headdim, dtype, seql
     check_close(out, lse, q, k, v, causal=True)
 
 
-# Shapes whose last wave of query tiles the Hopper path runs split over all SMs: fewer tiles
-# than SMs with long keys (every tile in pieces, partial query tiles, a masked key tail), two
-# tiles of 125-250 key blocks (66 pieces of 2-4 blocks each), and more full tiles than SMs.
+# Shapes whose last wave of query tiles the Hopper path runs split: fewer tiles than SMs with
+# long keys (every tile in pieces, partial query tiles, a masked key tail), two tiles of
+# 114-250 key blocks (2-4 blocks per CTA; hd 128's 176-key tile has 228 blocks in all, so one
+# CTA per two blocks), and more full tiles than SMs.
 _SPLIT_SHAPES = [(1, 700, 5000, 6, 2), (1, 100, 20000, 2, 1), (2, 1536, 4000, 12, 4)]
 
 

@@ -17,6 +17,7 @@
 
 #include "flashcute/flashcute.h"
 #include "fwd_tail_split.h"
+#include "hopper/fwd_config.h"
 
 namespace nb = nanobind;
 
@@ -240,6 +241,14 @@ std::tuple<int, int, int, std::vector<int>, std::vector<std::vector<int>>> forwa
   return {split.whole_units, split.tiles, split.ctas, begins, slots};
 }
 
+// The Hopper forward's tile for a call, for tests: (keys per block, consumer warpgroups).
+std::tuple<int, int> forward_tile(int headdim, int seqlen_q, int seqlen_k, bool causal) {
+  namespace hopper = flashcute::hopper;
+  const hopper::FwdTileSize tile =
+      hopper::fwd_tile_size(headdim, hopper::fwd_long_keys(headdim, seqlen_q, seqlen_k, causal));
+  return {tile.block_n, tile.consumers};
+}
+
 size_t backward_workspace_size(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t nheads,
                                int64_t nheads_kv, int64_t headdim, const std::string& dtype,
                                bool deterministic, int backend, bool causal) {
@@ -283,6 +292,8 @@ NB_MODULE(_C, m) {
   m.def("_forward_split_plan", &forward_split_plan, nb::arg("units"), nb::arg("key_blocks"), nb::arg("sms"),
         nb::arg("partial_tiles") = false,
         "Test hook: the Hopper forward's last-wave split plan.");
+  m.def("_forward_tile", &forward_tile, nb::arg("headdim"), nb::arg("seqlen_q"), nb::arg("seqlen_k"),
+        nb::arg("causal"), "Test hook: the Hopper forward's (keys per block, consumers) for a call.");
   m.def("device_capability", &device_capability, nb::arg("device"),
         "Compute capability of a CUDA device as major*10+minor.");
   m.def(

@@ -41,9 +41,9 @@ inline int head_group_size(const FwdKernelParams& p, int block_m, int headdim, i
   return static_cast<int>(std::min<int64_t>(fit, int64_t(p.nheads) * p.batch));
 }
 
-template <class Element, int kHeadDim>
-Status run_fwd(const FwdKernelParams& p, cudaStream_t stream) {
-  using Traits = FwdTraitsFor<Element, kHeadDim>;
+template <class Element, int kHeadDim, bool kLongKeys>
+Status run_fwd_tiles(const FwdKernelParams& p, cudaStream_t stream) {
+  using Traits = FwdTraitsFor<Element, kHeadDim, kLongKeys>;
   auto kernel = &fwd_kernel<Traits>;
   constexpr int kSmem = Traits::kSmemBytes;
   int device = 0;
@@ -133,8 +133,8 @@ Status run_fwd(const FwdKernelParams& p, cudaStream_t stream) {
   int grid = std::min(kp.schedule.num_units, sm_count);
 
   // The last wave shared by all CTAs, where it pays and the caller gave the workspace for it.
-  static_assert(fwd_tile_size(kHeadDim).consumers == Traits::kConsumers &&
-                fwd_tile_size(kHeadDim).block_n == Traits::kBlockN);
+  static_assert(fwd_tile_size(kHeadDim, kLongKeys).consumers == Traits::kConsumers &&
+                fwd_tile_size(kHeadDim, kLongKeys).block_n == Traits::kBlockN);
   const FwdSplitPlan split = plan_fwd_split(p, kHeadDim, sm_count);
   if (split.split.tiles > 0 && p.workspace != nullptr && p.workspace_bytes >= split.workspace.bytes) {
     kp.schedule.split = split.split;
@@ -146,6 +146,18 @@ Status run_fwd(const FwdKernelParams& p, cudaStream_t stream) {
   }
   kernel<<<grid, Traits::kThreads, kSmem, stream>>>(kp);
   return cuda_status(cudaGetLastError(), "hopper forward launch");
+}
+
+// A head dim's launcher: its long-key tile where it has one and the call's rows see many keys
+// (fwd_config.h), else its tile. The split plan and the host's workspace size make the same
+// choice through fwd_long_keys.
+template <class Element, int kHeadDim>
+Status run_fwd(const FwdKernelParams& p, cudaStream_t stream) {
+  if constexpr (fwd_has_long_keys_tile(kHeadDim)) {
+    if (fwd_long_keys(kHeadDim, p.seqlen_q, p.seqlen_k, p.causal))
+      return run_fwd_tiles<Element, kHeadDim, true>(p, stream);
+  }
+  return run_fwd_tiles<Element, kHeadDim, false>(p, stream);
 }
 
 }  // namespace flashcute::hopper

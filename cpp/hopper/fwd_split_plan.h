@@ -19,7 +19,7 @@ struct FwdSplitPlan {
 // Only without causal masking (every tile has the same work) and with keys to split.
 inline FwdSplitPlan plan_fwd_split(const FwdKernelParams& p, int headdim, int sms) {
   FwdSplitPlan plan;
-  const FwdTileSize tile = fwd_tile_size(headdim);
+  const FwdTileSize tile = fwd_tile_size(headdim, fwd_long_keys(headdim, p.seqlen_q, p.seqlen_k, p.causal));
   if (tile.consumers == 0 || p.causal || p.seqlen_q <= 0 || p.seqlen_k <= 0 || p.batch <= 0 || p.nheads <= 0)
     return plan;
   const int block_m = 64 * tile.consumers;

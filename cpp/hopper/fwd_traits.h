@@ -5,6 +5,8 @@
 // S = Q·Kᵀ with both operands in shared memory, O += P·V with P in registers.
 #pragma once
 
+#include <type_traits>
+
 #include <cute/tensor.hpp>
 #include <cute/atom/copy_traits_sm90_tma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
@@ -100,7 +102,8 @@ struct FwdTraits {
   static_assert(kSmemBytes <= kSmemLimit, "tile does not fit in shared memory");
 };
 
-template <class Element, int kHeadDim, class Shape = FwdTileShape<kHeadDim>>
+template <class Element, int kHeadDim, bool kLongKeys = false,
+          class Shape = std::conditional_t<kLongKeys, FwdLongKeysTileShape<kHeadDim>, FwdTileShape<kHeadDim>>>
 using FwdTraitsFor = FwdTraits<Element, kHeadDim, Shape::kBlockN_, Shape::kStages_, Shape::kConsumers_>;
 
 }  // namespace flashcute::hopper
