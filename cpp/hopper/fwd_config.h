@@ -1,8 +1,8 @@
 // Hopper-path tile shape per head dim: keys per block, K/V pipeline stages, consumer
-// warpgroups (64 query rows each); hd 128 has a second one for long key ranges. Chosen by measurement on H200 (see
-// benchmarks/results/README.md); FLASHCUTE_HOPPER_TILES overrides them for tuning. Key
-// blocks such as 80 rely on CuTe's extended WGMMA shapes (CMakeLists.txt). Plain C++: the host
-// API sizes the forward's workspace from these values.
+// warpgroups (64 query rows each); hd 128 has a second one for long key ranges. Chosen by
+// measurement on H200 (see benchmarks/results/README.md); FLASHCUTE_HOPPER_TILES overrides
+// the first ones for tuning. Key blocks such as 80 rely on CuTe's extended WGMMA shapes
+// (CMakeLists.txt). Plain C++: the host API sizes the forward's workspace from these values.
 #pragma once
 
 #include "hopper_tile_overrides.h"  // generated

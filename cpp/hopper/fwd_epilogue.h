@@ -1,7 +1,8 @@
 // Epilogue of a Hopper-path consumer: O (already normalized) goes registers -> shared memory
 // (stmatrix) -> global memory (one TMA store per consumer's 64 rows, clipped at seqlen_q by
-// the tensor map; none for rows before 0); LSE is written from registers. Where O is staged in V's or Q's buffer,
-// the epilogue also tells the producer when that buffer may be loaded again.
+// the tensor map; none for rows before 0); LSE is written from registers. Where O is staged
+// in V's or Q's buffer, the epilogue also tells the producer when that buffer may be loaded
+// again.
 #pragma once
 
 #include <cute/tensor.hpp>
