@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -90,14 +91,16 @@ def test_backward_workspace_reserves_split_sums_only_without_causal():
 @pytest.mark.parametrize(
     "units, key_blocks, sms",
     [(2048, 128, 132), (2048, 64, 132), (1024, 205, 132), (64, 128, 132), (36, 40, 132),
-     (2, 157, 132), (400, 100, 114), (97, 1000, 78), (2, 114, 132), (10, 20, 132), (3, 60, 132)],
+     (2, 157, 132), (400, 100, 114), (97, 1000, 78), (2, 114, 132), (10, 20, 132), (3, 60, 132),
+     (8, 235, 132), (16, 24, 132)],
 )
 def test_forward_split_plan_covers_every_key_block_once(units, key_blocks, sms):
     """The forward's last wave shared by all CTAs: whole units are a multiple of the grid, the
     CTAs' ranges cover the split tiles' key blocks end to end with no gap or overlap, none is
     longer than a tile (so a CTA runs at most two pieces), every range is at least two blocks,
     and the pieces of a tile leave their states in distinct slots (2 per CTA). Fewer tiles than
-    SMs with fewer than two blocks per SM run on one CTA per two blocks."""
+    SMs with fewer than two blocks per SM run on one CTA per two blocks, and fewer tiles than SMs
+    get at most ceil(sqrt(key blocks)) pieces each (their merge reads the pieces in turn)."""
     ext = pytest.importorskip("flashcute._C")
     whole, tiles, ctas, begins, slots = ext._forward_split_plan(units, key_blocks, sms)
     assert tiles > 0, "these shapes leave SMs idle for most of a tile: the plan must split"
@@ -105,7 +108,10 @@ def test_forward_split_plan_covers_every_key_block_once(units, key_blocks, sms):
         assert ext._forward_split_plan(units, key_blocks, sms, True)[1] == tiles
     assert whole + tiles == units
     blocks = tiles * key_blocks
-    assert ctas == (sms if blocks >= 2 * sms else blocks // 2) and ctas > tiles
+    expected = sms if blocks >= 2 * sms else blocks // 2
+    if units < sms:
+        expected = min(expected, units * (math.isqrt(key_blocks - 1) + 1))
+    assert ctas == expected and ctas > tiles
     assert whole % ctas == 0 and tiles == units % sms
     assert begins[0] == 0 and begins[-1] == tiles * key_blocks and len(begins) == ctas + 1
     lengths = [b - a for a, b in zip(begins, begins[1:])]

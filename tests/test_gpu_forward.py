@@ -377,9 +377,10 @@ def test_causal_partial_tile_keeps_guard_rows(gen, backend, headdim, dtype, seql
 
 # Shapes whose last wave of query tiles the Hopper path runs split: fewer tiles than SMs with
 # long keys (every tile in pieces, partial query tiles, a masked key tail), two tiles of
-# 114-250 key blocks (2-4 blocks per CTA; hd 128's 176-key tile has 228 blocks in all, so one
-# CTA per two blocks), and more full tiles than SMs.
-_SPLIT_SHAPES = [(1, 700, 5000, 6, 2), (1, 100, 20000, 2, 1), (2, 1536, 4000, 12, 4)]
+# 114-250 key blocks (each in ceil(sqrt(blocks)) pieces), more full tiles than SMs, and two
+# decode-like shapes (1 and 17 query rows: consumers without rows leave no state, merge none).
+_SPLIT_SHAPES = [(1, 700, 5000, 6, 2), (1, 100, 20000, 2, 1), (2, 1536, 4000, 12, 4),
+                 (1, 1, 30000, 8, 2), (3, 17, 9000, 4, 4)]
 
 
 def _hopper_split_planned(batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim, dtype) -> bool:

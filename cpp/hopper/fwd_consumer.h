@@ -165,7 +165,8 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
     // A piece of a split tile leaves its state; the CTA whose piece finishes the tile merges
     // and stores it below, after its own pieces.
     if (tile.split >= 0) {
-      leave_split_piece(params, storage, consumer, tile, walk.piece, acc_o_rc, softmax);
+      leave_split_piece(params, storage, consumer, tile, walk.piece, acc_o_rc, softmax,
+                        consumer_row0 < args.seqlen_q && consumer_row0 + kRows > 0);
       if constexpr (Traits::kOAliasesQ) {
         if (tid == 0) storage.q_empty.arrive();  // no O was staged in Q's buffer
       }
@@ -181,10 +182,12 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
     if (!storage.split_last[piece]) continue;
     const FwdTile tile = walk.piece_tile(piece);
     OnlineSoftmax<kThreadRows> softmax(args.scale_log2);
-    merge_split_pieces(params, consumer, tile, acc_o_rc, softmax);
+    const int consumer_row0 = tile_row0(params, tile.m_block) + consumer * kRows;
+    merge_split_pieces(params, consumer, tile, acc_o_rc, softmax,
+                       consumer_row0 < args.seqlen_q && consumer_row0 + kRows > 0);
     float lse[kThreadRows];
     softmax.finalize(acc_o_rc, lse);
-    epilogue.store(acc_o, lse, tile, tile_row0(params, tile.m_block) + consumer * kRows, thr_pv);
+    epilogue.store(acc_o, lse, tile, consumer_row0, thr_pv);
   }
   epilogue.drain();
   // Consumer 0 takes the turn the last consumer passed after its final GEMMs, so every

@@ -42,26 +42,29 @@ struct PieceStates {
 };
 
 // A piece's end, in every consumer thread after its last P·V has completed: its state goes to
-// the workspace and the CTA counts the piece done. storage.split_last[piece] then says whether
-// this CTA counted last, so that it merges and stores the tile (merge_split_pieces) once its
-// pieces are done: the merge stays out of the tile loop, whose registers it would crowd.
+// the workspace (none from a consumer without query rows: a short seqlen_q) and the CTA counts
+// the piece done. storage.split_last[piece] then says whether this CTA counted last, so that it
+// merges and stores the tile (merge_split_pieces) once its pieces are done: the merge stays out
+// of the tile loop, whose registers it would crowd.
 template <class Traits, class AccRc, int kRows>
 CUTE_DEVICE void leave_split_piece(FwdParams<Traits> const& params, typename Traits::SharedStorage& storage,
                                    int consumer, FwdTile const& tile, int piece, AccRc const& acc_rc,
-                                   OnlineSoftmax<kRows> const& softmax) {
+                                   OnlineSoftmax<kRows> const& softmax, bool has_rows) {
   constexpr int kCols = decltype(cute::size<1>(acc_rc))::value;
   using States = PieceStates<Traits, kRows, kCols>;
-  float* own = States(params, consumer).of(blockIdx.x, tile.split);
-  CUTE_UNROLL
-  for (int r = 0; r < kRows; ++r) {
+  if (has_rows) {  // a consumer whose rows all lie outside [0, seqlen_q) leaves nothing
+    float* own = States(params, consumer).of(blockIdx.x, tile.split);
     CUTE_UNROLL
-    for (int c = 0; c < kCols; c += 4) {
-      __stcg(reinterpret_cast<float4*>(States::chunk(own, r, c)),
-             make_float4(acc_rc(r, c), acc_rc(r, c + 1), acc_rc(r, c + 2), acc_rc(r, c + 3)));
+    for (int r = 0; r < kRows; ++r) {
+      CUTE_UNROLL
+      for (int c = 0; c < kCols; c += 4) {
+        __stcg(reinterpret_cast<float4*>(States::chunk(own, r, c)),
+               make_float4(acc_rc(r, c), acc_rc(r, c + 1), acc_rc(r, c + 2), acc_rc(r, c + 3)));
+      }
     }
+    __stcg(reinterpret_cast<float4*>(States::rows(own)),
+           make_float4(softmax.row_max[0], softmax.row_max[1], softmax.row_sum[0], softmax.row_sum[1]));
   }
-  __stcg(reinterpret_cast<float4*>(States::rows(own)),
-         make_float4(softmax.row_max[0], softmax.row_max[1], softmax.row_sum[0], softmax.row_sum[1]));
   // The barrier orders every thread's stores before thread 0's release (count_arrive), which
   // the counting CTA that reads them acquires.
   named_barrier_sync(int(FwdBarrier::kSplitCount), 128 * Traits::kConsumers);
@@ -74,68 +77,66 @@ CUTE_DEVICE void leave_split_piece(FwdParams<Traits> const& params, typename Tra
 
 // The tile of a piece that counted last: every piece's state is read back (this CTA's own
 // included) and merged into acc_rc and softmax, ready for finalize() and the epilogue.
+//
+// Online over the pieces, as over key blocks: a piece's row maxima are loaded together with
+// its accumulator values, so a piece costs one L2 round trip per group of values (one group up
+// to 64 values per thread; hd 256's 128 values take four groups of 32, as more values in
+// flight beside the accumulator spill). Every group walks the pieces in the same order with
+// the same maxima, so the groups agree. The loops over pieces stay rolled: unrolled, they
+// cost the tile loop uniform registers (its WGMMA descriptors get rebuilt per instruction).
 template <class Traits, class AccRc, int kRows>
 CUTE_DEVICE void merge_split_pieces(FwdParams<Traits> const& params, int consumer, FwdTile const& tile,
-                                    AccRc& acc_rc, OnlineSoftmax<kRows>& softmax) {
+                                    AccRc& acc_rc, OnlineSoftmax<kRows>& softmax, bool has_rows) {
   constexpr int kCols = decltype(cute::size<1>(acc_rc))::value;
   using States = PieceStates<Traits, kRows, kCols>;
   const States states(params, consumer);
   FwdTailSplit const& split = params.schedule.split;
-  // Accumulator columns rebuilt at once: the largest of 32, 16, 8, 4 that divides a row's.
-  constexpr int kGroupCols = kCols % 32 == 0 ? 32 : kCols % 16 == 0 ? 16 : kCols % 8 == 0 ? 8 : 4;
-  static_assert(kCols % kGroupCols == 0);
-  auto state_of = [&](int cta) { return states.of(cta, tile.split); };
+  constexpr int kGroupChunks = States::kAccChunks <= 16 ? States::kAccChunks : 8;  // 16-byte chunks
+  static_assert(States::kAccChunks % kGroupChunks == 0);
   const float scale_log2 = softmax.scale_log2;
-  const int first = split.first_cta(tile.split), last = split.last_cta(tile.split);
-  auto rows_of = [&](int cta) { return __ldcg(reinterpret_cast<const float4*>(States::rows(state_of(cta)))); };
-  // One pass over the pieces for the row maxima and the sums rescaled to them (online, as
-  // over key blocks). The loops over pieces stay rolled: unrolled, they let more loads fly but
-  // cost the tile loop uniform registers (its WGMMA descriptors get rebuilt per instruction).
-  float row_max[kRows] = {-INFINITY, -INFINITY};
-  float row_sum[kRows] = {0.f, 0.f};
   auto max_scaled_of = [&](float m) { return m == -INFINITY ? 0.f : m * scale_log2; };
+  // Without rows (nothing left, nothing stored) the merge leaves an empty state.
+  const int first = split.first_cta(tile.split), last = has_rows ? split.last_cta(tile.split) : first - 1;
+  CUTE_UNROLL
+  for (int group = 0; group < States::kAccChunks; group += kGroupChunks) {
+    float row_max[kRows] = {-INFINITY, -INFINITY};
+    float row_sum[kRows] = {0.f, 0.f};
+    CUTE_UNROLL
+    for (int i = 0; i < kGroupChunks * 4; ++i) acc_rc((group * 4 + i) / kCols, (group * 4 + i) % kCols) = 0.f;
 #pragma unroll 1
-  for (int cta = first; cta <= last; ++cta) {
-    const float4 rows = rows_of(cta);
-    const float piece_max[kRows] = {rows.x, rows.y}, piece_sum[kRows] = {rows.z, rows.w};
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      const float new_max = fmaxf(row_max[r], piece_max[r]);
-      // A row that saw no key so far keeps max -inf: subtract 0 so the factors are 0.
-      const float new_scaled = max_scaled_of(new_max);
-      row_sum[r] = row_sum[r] * fast_exp2(row_max[r] * scale_log2 - new_scaled) +
-                   piece_sum[r] * fast_exp2(piece_max[r] * scale_log2 - new_scaled);
-      row_max[r] = new_max;
-    }
-  }
-  float max_scaled[kRows];
-  CUTE_UNROLL
-  for (int r = 0; r < kRows; ++r) max_scaled[r] = max_scaled_of(row_max[r]);
-  auto piece_scale = [&](float4 rows, int r) {
-    return fast_exp2((r == 0 ? rows.x : rows.y) * scale_log2 - max_scaled[r]);
-  };
-  CUTE_UNROLL
-  for (int r = 0; r < kRows; ++r) softmax.row_max[r] = row_max[r], softmax.row_sum[r] = row_sum[r];
-
-  CUTE_UNROLL
-  for (int r = 0; r < kRows; ++r) {
-    CUTE_UNROLL
-    for (int c0 = 0; c0 < kCols; c0 += kGroupCols) {
+    for (int cta = first; cta <= last; ++cta) {
+      float* state = states.of(cta, tile.split);
+      const float4 rows = __ldcg(reinterpret_cast<const float4*>(States::rows(state)));
+      float4 values[kGroupChunks];
       CUTE_UNROLL
-      for (int c = c0; c < c0 + kGroupCols; ++c) acc_rc(r, c) = 0.f;
-#pragma unroll 1
-      for (int cta = first; cta <= last; ++cta) {
-        float* state = state_of(cta);
-        const float scale = piece_scale(rows_of(cta), r);
-        CUTE_UNROLL
-        for (int c = c0; c < c0 + kGroupCols; c += 4) {
-          const float4 v = __ldcg(reinterpret_cast<const float4*>(States::chunk(state, r, c)));
-          acc_rc(r, c) = fmaf(v.x, scale, acc_rc(r, c));
-          acc_rc(r, c + 1) = fmaf(v.y, scale, acc_rc(r, c + 1));
-          acc_rc(r, c + 2) = fmaf(v.z, scale, acc_rc(r, c + 2));
-          acc_rc(r, c + 3) = fmaf(v.w, scale, acc_rc(r, c + 3));
-        }
+      for (int i = 0; i < kGroupChunks; ++i) {
+        const int value = (group + i) * 4;
+        values[i] = __ldcg(reinterpret_cast<const float4*>(States::chunk(state, value / kCols, value % kCols)));
       }
+      const float piece_max[kRows] = {rows.x, rows.y}, piece_sum[kRows] = {rows.z, rows.w};
+      float old_scale[kRows], piece_scale[kRows];
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const float new_max = fmaxf(row_max[r], piece_max[r]);
+        // A row that saw no key so far keeps max -inf: subtract 0 so the factors are 0.
+        const float new_scaled = max_scaled_of(new_max);
+        old_scale[r] = fast_exp2(row_max[r] * scale_log2 - new_scaled);
+        piece_scale[r] = fast_exp2(piece_max[r] * scale_log2 - new_scaled);
+        row_sum[r] = row_sum[r] * old_scale[r] + piece_sum[r] * piece_scale[r];
+        row_max[r] = new_max;
+      }
+      CUTE_UNROLL
+      for (int i = 0; i < kGroupChunks; ++i) {
+        const int value = (group + i) * 4, r = value / kCols, c = value % kCols;
+        acc_rc(r, c) = fmaf(values[i].x, piece_scale[r], acc_rc(r, c) * old_scale[r]);
+        acc_rc(r, c + 1) = fmaf(values[i].y, piece_scale[r], acc_rc(r, c + 1) * old_scale[r]);
+        acc_rc(r, c + 2) = fmaf(values[i].z, piece_scale[r], acc_rc(r, c + 2) * old_scale[r]);
+        acc_rc(r, c + 3) = fmaf(values[i].w, piece_scale[r], acc_rc(r, c + 3) * old_scale[r]);
+      }
+    }
+    if (group == 0) {
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) softmax.row_max[r] = row_max[r], softmax.row_sum[r] = row_sum[r];
     }
   }
 }
