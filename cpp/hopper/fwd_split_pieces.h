@@ -79,11 +79,12 @@ CUTE_DEVICE void leave_split_piece(FwdParams<Traits> const& params, typename Tra
 // included) and merged into acc_rc and softmax, ready for finalize() and the epilogue.
 //
 // Online over the pieces, as over key blocks: a piece's row maxima are loaded together with
-// its accumulator values, so a piece costs one L2 round trip per group of values (one group up
-// to 64 values per thread; hd 256's 128 values take four groups of 32, as more values in
-// flight beside the accumulator spill). Every group walks the pieces in the same order with
-// the same maxima, so the groups agree. The loops over pieces stay rolled: unrolled, they
-// cost the tile loop uniform registers (its WGMMA descriptors get rebuilt per instruction).
+// its accumulator values, so a piece costs one L2 round trip per group of values: one group
+// up to 64 values per thread, two at hd 192 and 256 (128 values in flight beside the
+// accumulator spill, so each group has its own loop over the pieces). Every group walks the
+// pieces in the same order with the same maxima, so the groups agree. The loops over pieces
+// stay rolled: unrolled, they cost the tile loop uniform registers (its WGMMA descriptors get
+// rebuilt per instruction).
 template <class Traits, class AccRc, int kRows>
 CUTE_DEVICE void merge_split_pieces(FwdParams<Traits> const& params, int consumer, FwdTile const& tile,
                                     AccRc& acc_rc, OnlineSoftmax<kRows>& softmax, bool has_rows) {
@@ -91,7 +92,8 @@ CUTE_DEVICE void merge_split_pieces(FwdParams<Traits> const& params, int consume
   using States = PieceStates<Traits, kRows, kCols>;
   const States states(params, consumer);
   FwdTailSplit const& split = params.schedule.split;
-  constexpr int kGroupChunks = States::kAccChunks <= 16 ? States::kAccChunks : 8;  // 16-byte chunks
+  // 16-byte chunks of a group
+  constexpr int kGroupChunks = States::kAccChunks <= 16 ? States::kAccChunks : States::kAccChunks / 2;
   static_assert(States::kAccChunks % kGroupChunks == 0);
   const float scale_log2 = softmax.scale_log2;
   auto max_scaled_of = [&](float m) { return m == -INFINITY ? 0.f : m * scale_log2; };
