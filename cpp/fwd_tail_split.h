@@ -42,6 +42,13 @@ struct FwdTailSplit {
   }
 };
 
+// Whether a split tile of `rows` query rows merges its pieces by chunks (fwd_split_pieces.h):
+// every consumer thread takes at most two 16-byte chunks of the rows' values and loads a batch
+// of pieces per L2 round trip, instead of one round trip per piece for its whole accumulator.
+FLASHCUTE_HOST_DEVICE constexpr bool fwd_split_few_rows(int rows, int headdim, int consumers) {
+  return rows * (headdim / 4) <= 2 * 128 * consumers;
+}
+
 // Host: the split for `units` tiles of `key_blocks` key blocks each on `sms` SMs. A piece costs
 // about kPieceCostBlocks key blocks beyond its own (its Q load and first GEMM, its state
 // written, counted, and read back by the last piece, whose merge waits on a few L2 round trips),
@@ -49,12 +56,14 @@ struct FwdTailSplit {
 // fewer than two blocks per SM, the grid shrinks to one CTA per two blocks (still more CTAs
 // than tiles, so a range stays shorter than a tile). With fewer tiles than SMs a tile also
 // gets at most ceil(sqrt(key blocks)) pieces, since its merge reads them one after another
-// (H200, 1 x 100 queries x 20000 keys x 2 heads at hd 128: 22 CTAs, 38 us; 114 CTAs, 60 us).
+// (H200, 1 x 100 queries x 20000 keys x 2 heads at hd 128: 22 CTAs, 38 us; 114 CTAs, 60 us),
+// or, where its few rows merge in batches of pieces (few_rows), up to half the SMs' worth.
 // Split only where the last wave gets shorter by a fifth of a tile: on H200 smaller savings
 // measured as losses (hd 256 at 2k and 4k, +4 % and +1 %), since the SMs a short tail leaves
 // idle let the busy ones clock higher under the power cap. With more tiles than SMs, not when
 // some tiles are partial (they run last and cost less than the model's full tile).
-inline FwdTailSplit plan_fwd_tail_split(int units, int key_blocks, int sms, bool partial_tiles = false) {
+inline FwdTailSplit plan_fwd_tail_split(int units, int key_blocks, int sms, bool partial_tiles = false,
+                                        bool few_rows = false) {
   FwdTailSplit split;
   split.whole_units = units;
   split.key_blocks = key_blocks > 0 ? key_blocks : 1;
@@ -75,6 +84,14 @@ inline FwdTailSplit plan_fwd_tail_split(int units, int key_blocks, int sms, bool
     // of K blocks cost about K / P + P block times, least at P = sqrt(K).
     int pieces = 1;
     while (pieces * pieces < key_blocks) ++pieces;
+    // Few rows merge by chunks, a batch of pieces per L2 round trip: there, more pieces pay until
+    // the tiles' pieces fill half the SMs (H200, 1 x 1 query x 30000 keys x 8 heads, GQA 4:1, hd
+    // 128: 2 tiles, 28 CTAs 30.4 us, 58-74 CTAs 23.9-24.4 us, 106-132 CTAs 25.5-28.0 us).
+    if (few_rows) {
+      const int half_sms_per_tile = (sms / 2 + units - 1) / units;
+      const int most = key_blocks / 2 > 1 ? key_blocks / 2 : 1;  // two blocks or more per piece
+      if (pieces < half_sms_per_tile) pieces = half_sms_per_tile < most ? half_sms_per_tile : most;
+    }
     if (static_cast<long long>(pieces) * units < ctas) ctas = pieces * units;
     if (ctas <= units) return split;
   }

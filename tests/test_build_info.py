@@ -128,6 +128,23 @@ def test_forward_split_plan_covers_every_key_block_once(units, key_blocks, sms):
 
 
 @pytest.mark.parametrize(
+    "units, key_blocks, sms, pieces",
+    [(2, 171, 132, 33), (4, 205, 132, 17), (8, 187, 132, 14), (16, 32, 132, 6), (2, 40, 132, 20),
+     (3, 60, 132, 22), (32, 47, 132, 7)],
+)
+def test_forward_split_plan_few_rows(units, key_blocks, sms, pieces):
+    """Tiles with few query rows merge a batch of pieces per L2 round trip, so fewer tiles than
+    SMs get ceil(sqrt(key blocks)) pieces or enough to fill half the SMs, whichever is more,
+    and at most one per two key blocks; the grid is the tiles' pieces, up to the SM count."""
+    ext = pytest.importorskip("flashcute._C")
+    whole, tiles, ctas, begins, slots = ext._forward_split_plan(units, key_blocks, sms, False, True)
+    assert whole == 0 and tiles == units
+    assert ctas == min(sms, units * pieces)
+    lengths = [b - a for a, b in zip(begins, begins[1:])]
+    assert min(lengths) >= 2
+
+
+@pytest.mark.parametrize(
     "units, key_blocks, sms, partial",
     [(2048, 16, 132, False), (2048, 8, 132, False), (1024, 26, 132, False), (1024, 103, 132, False),
      (88, 32, 132, False), (128, 256, 132, False), (2048, 128, 132, True), (1056, 64, 132, False),
@@ -158,6 +175,22 @@ def test_forward_tile_for_long_keys(headdim, seqlen_q, seqlen_k, causal, tile):
     seqlen_k - seqlen_q / 2); other head dims keep one tile."""
     ext = pytest.importorskip("flashcute._C")
     assert tuple(ext._forward_tile(headdim, seqlen_q, seqlen_k, causal)) == tile
+
+
+@pytest.mark.parametrize(
+    "nheads, nheads_kv, seqlen_q, seqlen_k, headdim, causal, packed",
+    [(32, 8, 1, 30000, 128, False, 4), (8, 2, 1, 333, 128, True, 4), (64, 1, 1, 17, 64, True, 64),
+     (16, 2, 5, 1000, 256, False, 8), (12, 3, 40, 700, 128, False, 4), (8, 4, 40, 700, 128, False, 2),
+     (8, 2, 100, 700, 128, False, 1), (8, 2, 100, 700, 64, False, 4), (6, 2, 3, 5000, 128, False, 1),
+     (32, 2, 7, 4000, 128, True, 1), (32, 8, 1, 4000, 96, False, 1), (128, 1, 1, 4000, 128, False, 1),
+     (16, 16, 1, 4000, 128, False, 1)],
+)
+def test_forward_packs_query_heads(nheads, nheads_kv, seqlen_q, seqlen_k, headdim, causal, packed):
+    """The Hopper forward packs a group's G query heads into a tile's rows only where G divides
+    64, the head dim is a multiple of 64, no causal mask applies (or one query row), and packing
+    needs fewer query tiles (hd 128 tiles hold 128 rows, hd 64 tiles 192)."""
+    ext = pytest.importorskip("flashcute._C")
+    assert ext._forward_packed_heads(nheads, nheads_kv, seqlen_q, seqlen_k, headdim, causal) == packed
 
 
 def test_forward_workspace_is_zero_without_a_hopper_gpu_or_with_causal():

@@ -377,10 +377,11 @@ def test_causal_partial_tile_keeps_guard_rows(gen, backend, headdim, dtype, seql
 
 # Shapes whose last wave of query tiles the Hopper path runs split: fewer tiles than SMs with
 # long keys (every tile in pieces, partial query tiles, a masked key tail), two tiles of
-# 114-250 key blocks (each in ceil(sqrt(blocks)) pieces), more full tiles than SMs, and two
-# decode-like shapes (1 and 17 query rows: consumers without rows leave no state, merge none).
+# 114-250 key blocks (each in ceil(sqrt(blocks)) pieces), more full tiles than SMs, two
+# decode-like shapes (1 and 17 query rows: warps without rows leave no state; few rows merge
+# by chunks over all threads), and tiles of 128 and 2 rows (both merges in one call).
 _SPLIT_SHAPES = [(1, 700, 5000, 6, 2), (1, 100, 20000, 2, 1), (2, 1536, 4000, 12, 4),
-                 (1, 1, 30000, 8, 2), (3, 17, 9000, 4, 4)]
+                 (1, 1, 30000, 8, 2), (3, 17, 9000, 4, 4), (1, 130, 9000, 2, 2)]
 
 
 def _hopper_split_planned(batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim, dtype) -> bool:
@@ -405,6 +406,28 @@ def test_split_last_wave(gen, headdim, dtype, batch, seqlen_q, seqlen_k, nheads,
     again, again_lse = flashcute.attention(q, k, v, return_lse=True, backend="hopper")
     assert torch.equal(out.view(torch.int16), again.view(torch.int16))
     assert torch.equal(lse.view(torch.int32), again_lse.view(torch.int32))
+
+
+# Grouped-query calls with few query rows (batch, seqlen_q, seqlen_k, nheads, nheads_kv, causal):
+# the Hopper path packs the query heads of a group into a tile's rows where the group size
+# divides 64 (decoding, causal with one row, a long cache that is also split, 2 to 64 heads per
+# group, packed rows over two tiles), and keeps groups it cannot pack (3 heads; causal with 7
+# rows) unpacked.
+_PACKED_SHAPES = [(2, 1, 333, 8, 2, True), (1, 1, 30000, 32, 8, False), (3, 5, 1000, 16, 2, False),
+                  (2, 17, 2049, 4, 2, False), (1, 1, 17, 64, 1, True), (2, 40, 700, 12, 3, False),
+                  (1, 3, 5000, 6, 2, False), (2, 7, 4000, 32, 2, True)]
+
+
+@pytest.mark.parametrize("headdim, dtype", [(hd, dt) for hd in _HOPPER[0] for dt in _HOPPER[1]])
+@pytest.mark.parametrize("batch, seqlen_q, seqlen_k, nheads, nheads_kv, causal", _PACKED_SHAPES)
+def test_packed_query_heads(gen, headdim, dtype, batch, seqlen_q, seqlen_k, nheads, nheads_kv, causal):
+    """Row r of a packed tile is query row r / G of head h·G + r % G: Q is loaded, O stored and
+    LSE written per (row, head), against float64, into a poisoned output."""
+    q, k, v = make_qkv(gen, batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim, dtype)
+    run_checked(q, k, v, causal=causal, backend="hopper")
+    # Strided q and out (bhsd: heads further apart than rows) take the same tensor maps.
+    q_t, k_t, v_t = make_qkv(gen, batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim, dtype, layout="bhsd")
+    run_checked(q_t, k_t, v_t, causal=causal, backend="hopper")
 
 
 @pytest.mark.skipif(128 not in _HOPPER[0], reason="no Hopper-path hd 128 kernel on this GPU")

@@ -18,6 +18,7 @@
 #include "flashcute/flashcute.h"
 #include "fwd_tail_split.h"
 #include "hopper/fwd_config.h"
+#include "hopper/fwd_packed_heads.h"
 
 namespace nb = nanobind;
 
@@ -224,8 +225,9 @@ size_t forward_workspace_size(int64_t batch, int64_t seqlen_q, int64_t seqlen_k,
 // on `sms` SMs (some tiles partial or not), for tests: (whole_units, tiles, ctas, range starts
 // of CTAs 0..ctas, and per split tile its CTAs' slots in CTA order).
 std::tuple<int, int, int, std::vector<int>, std::vector<std::vector<int>>> forward_split_plan(
-    int units, int key_blocks, int sms, bool partial_tiles) {
-  const flashcute::FwdTailSplit split = flashcute::plan_fwd_tail_split(units, key_blocks, sms, partial_tiles);
+    int units, int key_blocks, int sms, bool partial_tiles, bool few_rows) {
+  const flashcute::FwdTailSplit split =
+      flashcute::plan_fwd_tail_split(units, key_blocks, sms, partial_tiles, few_rows);
   std::vector<int> begins;
   std::vector<std::vector<int>> slots;
   if (split.tiles > 0) {
@@ -247,6 +249,17 @@ std::tuple<int, int> forward_tile(int headdim, int seqlen_q, int seqlen_k, bool 
   const hopper::FwdTileSize tile =
       hopper::fwd_tile_size(headdim, hopper::fwd_long_keys(headdim, seqlen_q, seqlen_k, causal));
   return {tile.block_n, tile.consumers};
+}
+
+// Query heads the Hopper forward packs per row block (1: none) for a call.
+int forward_packed_heads(int nheads, int nheads_kv, int seqlen_q, int seqlen_k, int headdim, bool causal) {
+  namespace hopper = flashcute::hopper;
+  flashcute::FwdKernelParams p{};
+  p.seqlen_q = seqlen_q, p.seqlen_k = seqlen_k, p.nheads = nheads, p.causal = causal;
+  p.heads_per_kv = nheads_kv > 0 ? nheads / nheads_kv : 1;
+  const hopper::FwdTileSize tile =
+      hopper::fwd_tile_size(headdim, hopper::fwd_long_keys(headdim, seqlen_q, seqlen_k, causal));
+  return hopper::fwd_packed_heads(p, headdim, 64 * tile.consumers);
 }
 
 size_t backward_workspace_size(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t nheads,
@@ -290,10 +303,13 @@ NB_MODULE(_C, m) {
         nb::arg("dtype"), nb::arg("deterministic"), nb::arg("backend"), nb::arg("causal") = false,
         "Bytes of device workspace the backward needs.");
   m.def("_forward_split_plan", &forward_split_plan, nb::arg("units"), nb::arg("key_blocks"), nb::arg("sms"),
-        nb::arg("partial_tiles") = false,
+        nb::arg("partial_tiles") = false, nb::arg("few_rows") = false,
         "Test hook: the Hopper forward's last-wave split plan.");
   m.def("_forward_tile", &forward_tile, nb::arg("headdim"), nb::arg("seqlen_q"), nb::arg("seqlen_k"),
         nb::arg("causal"), "Test hook: the Hopper forward's (keys per block, consumers) for a call.");
+  m.def("_forward_packed_heads", &forward_packed_heads, nb::arg("nheads"), nb::arg("nheads_kv"),
+        nb::arg("seqlen_q"), nb::arg("seqlen_k"), nb::arg("headdim"), nb::arg("causal"),
+        "Test hook: query heads the Hopper forward packs into a tile's rows (1: none).");
   m.def("device_capability", &device_capability, nb::arg("device"),
         "Compute capability of a CUDA device as major*10+minor.");
   m.def(

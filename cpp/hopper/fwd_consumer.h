@@ -8,7 +8,8 @@
 // diagonal) come first and run in their own loop; the bulk runs without mask code. Key blocks
 // that none of a consumer's rows can see are skipped by that consumer alone. A piece of a
 // split tile (fwd_tail_split.h) runs its own key blocks and leaves its state; the CTA whose
-// piece finishes a tile merges and stores it once its own pieces are done.
+// piece finishes a tile merges and stores it once its own pieces are done (few-row tiles: all
+// consumer threads together, without the epilogue).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -62,6 +63,17 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
   const int thread_row = get<0>(thr_qk.partition_C(cS)(0));
   const int thread_col = get<1>(thr_qk.partition_C(cS)(0));
   const BlockMask mask{args.seqlen_k, args.seqlen_k - args.seqlen_q, args.causal};
+  // Whether this thread's warp (16 of the consumer's rows) has query rows in [0, seqlen_q):
+  // pieces of split tiles leave and merge no state for warps without.
+  auto warp_has_rows = [&](int consumer_row0) {
+    const int warp_row0 = consumer_row0 + thread_row / 16 * 16;
+    return warp_row0 < args.seqlen_q && warp_row0 + 16 > 0;
+  };
+  // Split tiles with few query rows (decoding) merge by chunks over all threads (fwd_split_pieces.h).
+  auto few_rows = [&](int row0) {
+    const int rows = cute::min(int(Traits::kBlockM), args.seqlen_q - row0);
+    return fwd_split_few_rows(rows, Traits::kHeadDim, Traits::kConsumers);
+  };
 
   const MmaTurns<Traits::kConsumers> turns{consumer};
   turns.start();
@@ -165,8 +177,8 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
     // A piece of a split tile leaves its state; the CTA whose piece finishes the tile merges
     // and stores it below, after its own pieces.
     if (tile.split >= 0) {
-      leave_split_piece(params, storage, consumer, tile, walk.piece, acc_o_rc, softmax,
-                        consumer_row0 < args.seqlen_q && consumer_row0 + kRows > 0);
+      leave_split_piece(params, storage, consumer, tile, walk.piece, acc_o_rc, softmax, warp_has_rows(consumer_row0),
+                        few_rows(row0));
       if constexpr (Traits::kOAliasesQ) {
         if (tid == 0) storage.q_empty.arrive();  // no O was staged in Q's buffer
       }
@@ -181,10 +193,15 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
   for (int piece = 0; piece < walk.pieces; ++piece) {
     if (!storage.split_last[piece]) continue;
     const FwdTile tile = walk.piece_tile(piece);
+    const int row0 = tile_row0(params, tile.m_block);
+    if (few_rows(row0)) {
+      merge_few_rows<Traits, kThreadRows, decltype(size<1>(acc_o_rc))::value>(
+          params, tile, row0, cute::min(int(Traits::kBlockM), args.seqlen_q - row0));
+      continue;
+    }
     OnlineSoftmax<kThreadRows> softmax(args.scale_log2);
-    const int consumer_row0 = tile_row0(params, tile.m_block) + consumer * kRows;
-    merge_split_pieces(params, consumer, tile, acc_o_rc, softmax,
-                       consumer_row0 < args.seqlen_q && consumer_row0 + kRows > 0);
+    const int consumer_row0 = row0 + consumer * kRows;
+    merge_split_pieces(params, consumer, tile, acc_o_rc, softmax, warp_has_rows(consumer_row0));
     float lse[kThreadRows];
     softmax.finalize(acc_o_rc, lse);
     epilogue.store(acc_o, lse, tile, consumer_row0, thr_pv);

@@ -1,8 +1,8 @@
 // Epilogue of a Hopper-path consumer: O (already normalized) goes registers -> shared memory
 // (stmatrix) -> global memory (one TMA store per consumer's 64 rows, clipped at seqlen_q by
-// the tensor map; none for rows before 0); LSE is written from registers. Where O is staged
-// in V's or Q's buffer, the epilogue also tells the producer when that buffer may be loaded
-// again.
+// the tensor map; none for rows before 0; packed query heads: fwd_packed_heads.h); LSE is
+// written from registers. Where O is staged in V's or Q's buffer, the epilogue also tells the
+// producer when that buffer may be loaded again.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -63,7 +63,14 @@ struct FwdEpilogue {
     cutlass::arch::fence_view_async_shared();  // generic-proxy writes visible to the TMA
     epilogue_barrier_sync(consumer);
     if (tid == 0) {
-      if (row0 >= 0) {  // rows before 0 (a shifted first tile) are padding, never stored
+      if (params.packed_heads > 1) {  // query rows row0 / G.. of the group's heads (fwd_packed_heads.h)
+        if constexpr (kPacksQueryHeads<Traits>) {
+          CUTE_UNROLL
+          for (int col = 0; col < Traits::kHeadDim; col += 64)
+            SM90_TMA_STORE_5D::copy(&params.tma_o_packed, o_buffer() + packed_box_offset<Traits>(consumer, col), col,
+                                    0, row0 / params.packed_heads, tile.head, tile.batch);
+        }
+      } else if (row0 >= 0) {  // rows before 0 (a shifted first tile) are padding, never stored
         Tensor mO = params.tma_o.get_tma_tensor(make_shape(args.seqlen_q, int(Traits::kHeadDim), args.nheads, args.batch));
         Tensor gO = local_tile(domain_offset(make_coord(row0, _0{}), mO(_, _, tile.head, tile.batch)),
                                typename Traits::TileQ{}, make_coord(_0{}, _0{}));
@@ -78,13 +85,17 @@ struct FwdEpilogue {
     }
 
     if (args.lse != nullptr && tid % 4 == 0) {
-      float* lse_base = args.lse + tile.batch * args.lse_batch_stride + tile.head * args.lse_head_stride;
+      float* lse_base = args.lse + tile.batch * args.lse_batch_stride;
       Tensor tOcO = thr_pv.partition_C(make_identity_tensor(typename Traits::TileQ{}));
       Tensor tOcO_rc = make_tensor(tOcO.data(), rowcol_layout(tOcO.layout()));
+      const int packed = params.packed_heads;
       CUTE_UNROLL
       for (int r = 0; r < kThreadRows; ++r) {
         const int row = row0 + get<0>(tOcO_rc(r, 0));
-        if (row >= 0 && row < args.seqlen_q) lse_base[row] = lse[r];
+        if (row < 0 || row >= args.seqlen_q) continue;
+        // Packed: row r is query row r / G of head tile.head · G + r % G.
+        const int head = packed > 1 ? tile.head * packed + row % packed : tile.head;
+        lse_base[head * args.lse_head_stride + (packed > 1 ? row / packed : row)] = lse[r];
       }
     }
   }

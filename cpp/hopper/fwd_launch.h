@@ -41,9 +41,38 @@ inline int head_group_size(const FwdKernelParams& p, int block_m, int headdim, i
   return static_cast<int>(std::min<int64_t>(fit, int64_t(p.nheads) * p.batch));
 }
 
+// Packed query heads (fwd_packed_heads.h): a tensor map of Q or O as (head dim, G heads of a
+// group, seqlen_q, K/V head, batch) with boxes of (64 columns, G, 64 / G rows), swizzled as the
+// unpacked boxes are.
+template <class Element>
+Status encode_packed_rows(cute::TmaDescriptor* map, const void* ptr, int headdim, int group, int seqlen, int kv_heads,
+                          int batch, int64_t row_stride, int64_t head_stride, int64_t batch_stride) {
+  constexpr int64_t kBytes = sizeof(Element);
+  cuuint64_t dims[5] = {cuuint64_t(headdim), cuuint64_t(group), cuuint64_t(seqlen), cuuint64_t(kv_heads),
+                        cuuint64_t(batch)};
+  // Byte strides of dims 1-4; a dimension of extent 1 is never stepped, so any 16-byte
+  // multiple stands in for its stride.
+  auto stride_of = [&](int64_t elems, int extent) { return cuuint64_t(extent > 1 ? elems * kBytes : 16); };
+  cuuint64_t strides[4] = {stride_of(head_stride, group), stride_of(row_stride, seqlen),
+                           stride_of(head_stride * group, kv_heads), stride_of(batch_stride, batch)};
+  cuuint32_t box[5] = {64, cuuint32_t(group), cuuint32_t(64 / group), 1, 1};
+  cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
+  const CUresult result = CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(
+      map, cute::TMA::to_CUtensorMapDataType<Element>(), 5, const_cast<void*>(ptr), dims, strides, box,
+      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (result != CUDA_SUCCESS)
+    return make_status(StatusCode::kCudaError, "cuTensorMapEncodeTiled (packed query heads) failed: %d",
+                       static_cast<int>(result));
+  return Status{};
+}
+
 template <class Element, int kHeadDim, bool kLongKeys>
-Status run_fwd_tiles(const FwdKernelParams& p, cudaStream_t stream) {
+Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
   using Traits = FwdTraitsFor<Element, kHeadDim, kLongKeys>;
+  // The kernel runs the packed call where query heads are packed; Q and O keep the caller's shapes.
+  const int packed = fwd_packed_heads(call, kHeadDim, Traits::kBlockM);
+  const FwdKernelParams p = fwd_packed_view(call, packed);
   auto kernel = &fwd_kernel<Traits>;
   constexpr int kSmem = Traits::kSmemBytes;
   int device = 0;
@@ -105,8 +134,8 @@ Status run_fwd_tiles(const FwdKernelParams& p, cudaStream_t stream) {
   kp.nheads_kv = kv_heads;
   auto slayout_q = typename Traits::SmemLayoutQ{}(_, _, _0{});
   auto slayout_kv = typename Traits::SmemLayoutKV{}(_, _, _0{});
-  kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, tma_view(q, p.seqlen_q, kHeadDim, p.nheads, p.batch, p.q_row_stride,
-                                                     p.q_head_stride, p.q_batch_stride),
+  kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, tma_view(q, call.seqlen_q, kHeadDim, call.nheads, p.batch,
+                                                     p.q_row_stride, p.q_head_stride, p.q_batch_stride),
                            slayout_q, typename Traits::TileQ{}, _1{});
   kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, tma_view(k, kp.tma_seqlen_k, kHeadDim, kv_heads, p.batch,
                                                      k_strides[0], k_strides[1], k_strides[2]),
@@ -114,10 +143,21 @@ Status run_fwd_tiles(const FwdKernelParams& p, cudaStream_t stream) {
   kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, tma_view(v, kp.tma_seqlen_k, kHeadDim, kv_heads, p.batch,
                                                      v_strides[0], v_strides[1], v_strides[2]),
                            slayout_kv, typename Traits::TileKV{}, _1{});
-  kp.tma_o = make_tma_copy(SM90_TMA_STORE{}, tma_view(static_cast<Element*>(p.out), p.seqlen_q, kHeadDim, p.nheads,
-                                                      p.batch, p.out_row_stride, p.out_head_stride,
+  kp.tma_o = make_tma_copy(SM90_TMA_STORE{}, tma_view(static_cast<Element*>(p.out), call.seqlen_q, kHeadDim,
+                                                      call.nheads, p.batch, p.out_row_stride, p.out_head_stride,
                                                       p.out_batch_stride),
                            slayout_q, typename Traits::TileQ{}, _1{});
+  kp.packed_heads = packed;
+  if (packed > 1) {
+    if (Status s = encode_packed_rows<Element>(&kp.tma_q_packed, q, kHeadDim, packed, call.seqlen_q, kv_heads, p.batch,
+                                               p.q_row_stride, p.q_head_stride, p.q_batch_stride);
+        !s.ok())
+      return s;
+    if (Status s = encode_packed_rows<Element>(&kp.tma_o_packed, p.out, kHeadDim, packed, call.seqlen_q, kv_heads,
+                                               p.batch, p.out_row_stride, p.out_head_stride, p.out_batch_stride);
+        !s.ok())
+      return s;
+  }
 
   const int num_m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
   if (int64_t(num_m_blocks) * p.nheads * p.batch > std::numeric_limits<int>::max())
@@ -135,7 +175,7 @@ Status run_fwd_tiles(const FwdKernelParams& p, cudaStream_t stream) {
   // The last wave shared by all CTAs, where it pays and the caller gave the workspace for it.
   static_assert(fwd_tile_size(kHeadDim, kLongKeys).consumers == Traits::kConsumers &&
                 fwd_tile_size(kHeadDim, kLongKeys).block_n == Traits::kBlockN);
-  const FwdSplitPlan split = plan_fwd_split(p, kHeadDim, sm_count);
+  const FwdSplitPlan split = plan_fwd_split(call, kHeadDim, sm_count);
   if (split.split.tiles > 0 && p.workspace != nullptr && p.workspace_bytes >= split.workspace.bytes) {
     kp.schedule.split = split.split;
     kp.split_count = static_cast<int*>(p.workspace);

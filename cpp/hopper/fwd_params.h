@@ -25,7 +25,31 @@ struct FwdParams {
   // The split tiles' counts and pieces' states (fwd_tail_split.h); null without a split.
   int* split_count;
   float* split_state;
+  // Query heads packed per row block (fwd_packed_heads.h), 1 if none; args is then the packed
+  // call, and Q and O go through these tensor maps: (head dim, G heads, seqlen_q, K/V head,
+  // batch), boxes of (64 columns, G, 64 / G rows).
+  int packed_heads;
+  cute::TmaDescriptor tma_q_packed;
+  cute::TmaDescriptor tma_o_packed;
 };
+
+// Head dims whose calls may pack query heads (fwd_packed_heads): whole 128-byte swizzle columns.
+template <class Traits>
+constexpr bool kPacksQueryHeads = Traits::kHeadDim % 64 == 0;
+
+// Packed query heads: where consumer c's TMA box of head-dim columns [col, col + 64) lies in
+// Q's buffer (O's staging has the same layout). The box is 64 rows of 128 bytes, which the
+// layout stacks as eight 8-row swizzle atoms, so the box lands exactly as a 2-d one would.
+template <class Traits>
+CUTE_HOST_DEVICE constexpr int packed_box_offset(int c, int col) {
+  // Offsets before the swizzle, which TMA applies to the box as it does to the unpacked one.
+  constexpr auto layout = cute::get_nonswizzle_portion(typename Traits::SmemLayoutQ{});
+  constexpr int kNextColumns = 64 % Traits::kHeadDim;  // 0 at hd 64
+  static_assert(Traits::kHeadDim % 64 == 0 && sizeof(typename Traits::Element) == 2);
+  static_assert(layout(1, 0, 0) == 64 && layout(8, 0, 0) == 8 * 64 && layout(0, kNextColumns, 0) == kNextColumns * 64 &&
+                layout(0, 0, 1) == 64 * Traits::kHeadDim, "Q's buffer: 64 x 64 blocks of 128-byte rows");
+  return c * 64 * Traits::kHeadDim + col * 64;
+}
 
 // First query row of tile m_block; negative for a shifted first tile. Its 64-row blocks before
 // row 0 are neither loaded, computed nor stored.

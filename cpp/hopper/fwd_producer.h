@@ -3,7 +3,8 @@
 // Per tile: the first K block, then Q (once the consumers released the previous tile's Q),
 // then K of the next block ahead of V of the current one, so S = Q·Kᵀ of block n-1 never waits
 // behind V of block n. Where O is staged in V's buffer, the first V load of a tile waits for
-// the previous tile's O stores. Key blocks go from the last to the first, as the consumers visit
+// the previous tile's O stores. With packed query heads, Q comes through its own tensor map
+// (fwd_packed_heads.h). Key blocks go from the last to the first, as the consumers visit
 // them; a piece of a split tile (tile_scheduler.h) loads its own key blocks only.
 #pragma once
 
@@ -82,11 +83,30 @@ CUTE_DEVICE void produce_fwd(FwdParams<Traits> const& params, typename Traits::S
     const int first_block = tile.m_block * Traits::kConsumers;
     const int skipped = tile.m_block == 0 ? params.row_shift / kRows : 0;
     storage.q_full.arrive_and_expect_tx(Traits::kQBytes / Traits::kConsumers * (Traits::kConsumers - skipped));
-    CUTE_UNROLL
-    for (int c = 0; c < Traits::kConsumers; ++c) {
-      if (c >= skipped)
-        copy(params.tma_q.with(reinterpret_cast<uint64_t&>(storage.q_full)), tQgQ(_, _, _, first_block + c),
-             tQsQ(_, _, _, c));
+    bool q_loaded = false;
+    if constexpr (kPacksQueryHeads<Traits>) {
+      if (params.packed_heads > 1) {
+        // Block b: query rows [b · 64 / G, (b + 1) · 64 / G) of the group's G heads.
+        const int rows_per_box = kRows / params.packed_heads;
+        CUTE_UNROLL
+        for (int c = 0; c < Traits::kConsumers; ++c) {
+          CUTE_UNROLL
+          for (int col = 0; col < Traits::kHeadDim; col += 64)
+            SM90_TMA_LOAD_5D::copy(&params.tma_q_packed, reinterpret_cast<uint64_t*>(&storage.q_full),
+                                   static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_NORMAL),
+                                   storage.q.data() + packed_box_offset<Traits>(c, col), col, 0,
+                                   (first_block + c) * rows_per_box, tile.head, tile.batch);
+        }
+        q_loaded = true;
+      }
+    }
+    if (!q_loaded) {
+      CUTE_UNROLL
+      for (int c = 0; c < Traits::kConsumers; ++c) {
+        if (c >= skipped)
+          copy(params.tma_q.with(reinterpret_cast<uint64_t&>(storage.q_full)), tQgQ(_, _, _, first_block + c),
+               tQsQ(_, _, _, c));
+      }
     }
     for (; n > n_begin; --n) {
       load_k(n - 1);

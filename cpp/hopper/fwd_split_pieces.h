@@ -7,6 +7,11 @@
 // part of the row sums. Thread t of a consumer writes it in register order, 16 bytes at
 // `base + chunk · 512 + t · 4` floats, so a warpgroup's instruction covers 2 KB contiguous and
 // the merging thread with the same t reads exactly its own rows and columns back.
+//
+// A tile with few query rows (fwd_split_few_rows: decoding) is merged by chunks instead: every
+// consumer thread of the merging CTA takes one or two 16-byte chunks of the rows' values, so
+// the pieces' loads are spread over all threads with many in flight, and writes O and LSE
+// itself. Its pieces leave whole row sums (the quad's parts added) for that.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -30,29 +35,30 @@ struct PieceStates {
   FwdTailSplit const& split;
   float* base;  // this consumer's and thread's part of slot 0
 
-  CUTE_DEVICE PieceStates(FwdParams<Traits> const& params, int consumer)
-      : split(params.schedule.split),
-        base(params.split_state + consumer * kStateFloats + (threadIdx.x % 128) * 4) {}
+  CUTE_DEVICE PieceStates(FwdParams<Traits> const& params, int consumer, int thread = threadIdx.x % 128)
+      : split(params.schedule.split), base(params.split_state + consumer * kStateFloats + thread * 4) {}
   // CTA `cta`'s piece of split tile `tile`.
   CUTE_DEVICE float* of(int cta, int tile) const {
     return base + static_cast<size_t>(split.slot(cta, tile)) * Traits::kConsumers * kStateFloats;
   }
-  CUTE_DEVICE static float* chunk(float* state, int r, int c) { return state + (r * kCols + c) / 4 * 512; }
-  CUTE_DEVICE static float* rows(float* state) { return state + kAccChunks * 512; }
+  CUTE_DEVICE static int chunk_offset(int r, int c) { return (r * kCols + c) / 4 * 512; }
+  static constexpr int kRowsOffset = kAccChunks * 512;
+  CUTE_DEVICE static float* chunk(float* state, int r, int c) { return state + chunk_offset(r, c); }
+  CUTE_DEVICE static float* rows(float* state) { return state + kRowsOffset; }
 };
 
 // A piece's end, in every consumer thread after its last P·V has completed: its state goes to
-// the workspace (none from a consumer without query rows: a short seqlen_q) and the CTA counts
+// the workspace (none from a warp without query rows: a short seqlen_q) and the CTA counts
 // the piece done. storage.split_last[piece] then says whether this CTA counted last, so that it
 // merges and stores the tile (merge_split_pieces) once its pieces are done: the merge stays out
 // of the tile loop, whose registers it would crowd.
 template <class Traits, class AccRc, int kRows>
 CUTE_DEVICE void leave_split_piece(FwdParams<Traits> const& params, typename Traits::SharedStorage& storage,
                                    int consumer, FwdTile const& tile, int piece, AccRc const& acc_rc,
-                                   OnlineSoftmax<kRows> const& softmax, bool has_rows) {
+                                   OnlineSoftmax<kRows> const& softmax, bool has_rows, bool few_rows) {
   constexpr int kCols = decltype(cute::size<1>(acc_rc))::value;
   using States = PieceStates<Traits, kRows, kCols>;
-  if (has_rows) {  // a consumer whose rows all lie outside [0, seqlen_q) leaves nothing
+  if (has_rows) {  // a warp whose rows all lie outside [0, seqlen_q) leaves nothing
     float* own = States(params, consumer).of(blockIdx.x, tile.split);
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
@@ -62,8 +68,11 @@ CUTE_DEVICE void leave_split_piece(FwdParams<Traits> const& params, typename Tra
                make_float4(acc_rc(r, c), acc_rc(r, c + 1), acc_rc(r, c + 2), acc_rc(r, c + 3)));
       }
     }
+    float row_sum[kRows];
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) row_sum[r] = few_rows ? quad_allreduce_sum(softmax.row_sum[r]) : softmax.row_sum[r];
     __stcg(reinterpret_cast<float4*>(States::rows(own)),
-           make_float4(softmax.row_max[0], softmax.row_max[1], softmax.row_sum[0], softmax.row_sum[1]));
+           make_float4(softmax.row_max[0], softmax.row_max[1], row_sum[0], row_sum[1]));
   }
   // The barrier orders every thread's stores before thread 0's release (count_arrive), which
   // the counting CTA that reads them acquires.
@@ -139,6 +148,85 @@ CUTE_DEVICE void merge_split_pieces(FwdParams<Traits> const& params, int consume
     if (group == 0) {
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) softmax.row_max[r] = row_max[r], softmax.row_sum[r] = row_sum[r];
+    }
+  }
+}
+
+// A few-row tile that counted last, in every consumer thread: rows [row0, row0 + rows) merged
+// from every piece's state and stored (O normalized and converted, LSE), without the epilogue.
+// An item is one 16-byte chunk of a piece's state: 4 values of one row, written by thread t
+// of the row's consumer (t = 16-row warp, row within it, quad lane q) at columns
+// 16 k + 2 q + {0, 1, 8, 9} (the WGMMA accumulator layout).
+template <class Traits, int kRows, int kCols>
+CUTE_DEVICE void merge_few_rows(FwdParams<Traits> const& params, FwdTile const& tile, int row0, int rows) {
+  using Element = typename Traits::Element;
+  using States = PieceStates<Traits, kRows, kCols>;
+  constexpr int kRowChunks = kCols / 4;  // per thread and row; 4 threads (a quad) hold a row
+  const FwdKernelParams& args = params.args;
+  FwdTailSplit const& split = params.schedule.split;
+  const int first = split.first_cta(tile.split), last = split.last_cta(tile.split);
+  const int packed = params.packed_heads;
+  for (int item = threadIdx.x - 128; item < rows * kRowChunks * 4; item += 128 * Traits::kConsumers) {
+    const int quad_lane = item % 4, k = item / 4 % kRowChunks, row = item / (4 * kRowChunks);
+    const int consumer = row / 64, r = row % 16 / 8;
+    const int t = row % 64 / 16 * 32 + row % 8 * 4 + quad_lane;
+    const States states_of_t(params, consumer, t);
+    const int chunk_offset = States::chunk_offset(r, 4 * k);
+    auto value_at = [&](int cta) { return states_of_t.of(cta, tile.split) + chunk_offset; };
+    auto stats_at = [&](int cta) { return states_of_t.of(cta, tile.split) + States::kRowsOffset; };
+    // Online over batches of pieces, as over key blocks: a batch's loads are all in flight at
+    // once, and its pieces are scaled to the batch's new maximum.
+    constexpr int kBatch = 8;
+    float row_max = -INFINITY, sum = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 1
+    for (int batch = first; batch <= last; batch += kBatch) {
+      float4 values[kBatch], stats[kBatch];
+      CUTE_UNROLL
+      for (int i = 0; i < kBatch; ++i) {
+        if (batch + i <= last) {
+          values[i] = __ldcg(reinterpret_cast<const float4*>(value_at(batch + i)));
+          stats[i] = __ldcg(reinterpret_cast<const float4*>(stats_at(batch + i)));
+        } else {  // past the last piece: weight 0
+          values[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+          stats[i] = make_float4(-INFINITY, -INFINITY, 0.f, 0.f);
+        }
+      }
+      float new_max = row_max;
+      CUTE_UNROLL
+      for (int i = 0; i < kBatch; ++i) new_max = fmaxf(new_max, r == 0 ? stats[i].x : stats[i].y);
+      // A row that saw no key so far keeps max -inf: subtract 0 so the factors are 0.
+      const float max_scaled = new_max == -INFINITY ? 0.f : new_max * args.scale_log2;
+      const float old_scale = fast_exp2(row_max * args.scale_log2 - max_scaled);
+      sum *= old_scale;
+      acc = make_float4(acc.x * old_scale, acc.y * old_scale, acc.z * old_scale, acc.w * old_scale);
+      CUTE_UNROLL
+      for (int i = 0; i < kBatch; ++i) {
+        const float scale = fast_exp2((r == 0 ? stats[i].x : stats[i].y) * args.scale_log2 - max_scaled);
+        sum = fmaf(r == 0 ? stats[i].z : stats[i].w, scale, sum);
+        acc.x = fmaf(values[i].x, scale, acc.x);
+        acc.y = fmaf(values[i].y, scale, acc.y);
+        acc.z = fmaf(values[i].z, scale, acc.z);
+        acc.w = fmaf(values[i].w, scale, acc.w);
+      }
+      row_max = new_max;
+    }
+    const bool empty = sum == 0.f || sum != sum;
+    const float inv = empty ? 0.f : 1.f / sum;
+    // Packed query heads: tile row i is query row i / G of head tile.head · G + i % G.
+    const int tile_row = row0 + row;
+    const int head = packed > 1 ? tile.head * packed + tile_row % packed : tile.head;
+    const int query_row = packed > 1 ? tile_row / packed : tile_row;
+    Element* out = static_cast<Element*>(args.out) + tile.batch * args.out_batch_stride +
+                   head * args.out_head_stride + query_row * args.out_row_stride + 16 * k + 2 * quad_lane;
+    alignas(4) Element pair[2][2] = {{Element(acc.x * inv), Element(acc.y * inv)},
+                                     {Element(acc.z * inv), Element(acc.w * inv)}};
+    *reinterpret_cast<uint32_t*>(out) = *reinterpret_cast<const uint32_t*>(pair[0]);
+    *reinterpret_cast<uint32_t*>(out + 8) = *reinterpret_cast<const uint32_t*>(pair[1]);
+    if (k == 0 && quad_lane == 0 && args.lse != nullptr) {
+      constexpr float kLn2 = 0.6931471805599453f;
+      args.lse[tile.batch * args.lse_batch_stride + head * args.lse_head_stride + query_row] =
+          empty ? -INFINITY : (row_max * args.scale_log2 + log2f(sum)) * kLn2;
     }
   }
 }

@@ -7,6 +7,7 @@
 
 #include "fwd_tail_split.h"
 #include "hopper/fwd_config.h"
+#include "hopper/fwd_packed_heads.h"
 #include "kernel_params.h"
 
 namespace flashcute::hopper {
@@ -17,16 +18,20 @@ struct FwdSplitPlan {
 };
 
 // Only without causal masking (every tile has the same work) and with keys to split.
-inline FwdSplitPlan plan_fwd_split(const FwdKernelParams& p, int headdim, int sms) {
+// The plan is the packed call's (fwd_packed_heads.h) where query heads are packed.
+inline FwdSplitPlan plan_fwd_split(const FwdKernelParams& call, int headdim, int sms) {
   FwdSplitPlan plan;
-  const FwdTileSize tile = fwd_tile_size(headdim, fwd_long_keys(headdim, p.seqlen_q, p.seqlen_k, p.causal));
+  const FwdTileSize tile =
+      fwd_tile_size(headdim, fwd_long_keys(headdim, call.seqlen_q, call.seqlen_k, call.causal));
+  const int block_m = 64 * tile.consumers;
+  const FwdKernelParams p = fwd_packed_view(call, fwd_packed_heads(call, headdim, block_m));
   if (tile.consumers == 0 || p.causal || p.seqlen_q <= 0 || p.seqlen_k <= 0 || p.batch <= 0 || p.nheads <= 0)
     return plan;
-  const int block_m = 64 * tile.consumers;
   const long long units = static_cast<long long>((p.seqlen_q + block_m - 1) / block_m) * p.nheads * p.batch;
   if (units > INT_MAX) return plan;
   const int key_blocks = (p.seqlen_k + tile.block_n - 1) / tile.block_n;
-  plan.split = plan_fwd_tail_split(static_cast<int>(units), key_blocks, sms, p.seqlen_q % block_m != 0);
+  const bool few_rows = fwd_split_few_rows(p.seqlen_q < block_m ? p.seqlen_q : block_m, headdim, tile.consumers);
+  plan.split = plan_fwd_tail_split(static_cast<int>(units), key_blocks, sms, p.seqlen_q % block_m != 0, few_rows);
   plan.workspace = fwd_split_workspace(plan.split, tile.consumers, headdim);
   return plan;
 }

@@ -1,0 +1,41 @@
+// Host and device: query heads packed into a tile's rows (grouped-query attention with few
+// query rows, as in decoding).
+//
+// A query tile holds 64-row consumer blocks of one head. With G query heads per K/V head and
+// seqlen_q far below a tile (one row when decoding), most rows are empty and every head of the
+// group reads the same K/V again. Packed, tile row r of K/V head h is query row r / G of query
+// head h·G + r % G: the group's heads share one tile, so K/V is read once per group and the
+// rows fill G times faster. The kernel then sees a call of seqlen_q·G rows on nheads_kv heads
+// with G = 1; only Q's load, O's store and LSE's index know the packing (fwd_producer.h,
+// fwd_epilogue.h). A consumer block's 64 rows are 64 / G query rows of all G heads, one TMA
+// box of (head dim, G heads, 64 / G rows), so G divides 64.
+#pragma once
+
+#include "kernel_params.h"
+
+namespace flashcute::hopper {
+
+// The query heads packed per tile row block: G where packing holds, else 1. Packing needs
+// whole 128-byte swizzle columns (head dims that are multiples of 64), no causal mask unless
+// there is one query row (bottom-right causal then masks nothing), and fewer query tiles.
+inline int fwd_packed_heads(const FwdKernelParams& p, int headdim, int block_m) {
+  const int group = p.heads_per_kv;
+  if (group < 2 || 64 % group != 0 || headdim % 64 != 0 || block_m <= 0 || p.seqlen_q <= 0) return 1;
+  if (p.causal && p.seqlen_q != 1) return 1;
+  const long long tiles = static_cast<long long>(group) * ((p.seqlen_q + block_m - 1) / block_m);
+  const long long packed_tiles = (static_cast<long long>(p.seqlen_q) * group + block_m - 1) / block_m;
+  return packed_tiles < tiles ? group : 1;
+}
+
+// The call as the kernel runs it with `packed` heads per row block (the same call for 1).
+inline FwdKernelParams fwd_packed_view(const FwdKernelParams& p, int packed) {
+  FwdKernelParams view = p;
+  if (packed <= 1) return view;
+  view.seqlen_q = p.seqlen_q * packed;
+  view.nheads = p.nheads / packed;
+  view.heads_per_kv = 1;
+  view.causal = false;  // one query row: the bottom-right diagonal masks no key
+  return view;
+}
+
+}  // namespace flashcute::hopper
