@@ -27,6 +27,15 @@ CUTE_DEVICE float quad_allreduce_sum(float x) {
   return x + __shfl_xor_sync(0xffffffff, x, 2);
 }
 
+// A row whose sum is 0 (or NaN) saw no key: its output is 0 and its LSE -inf.
+CUTE_DEVICE bool row_has_no_key(float sum) { return sum == 0.f || sum != sum; }
+
+// Natural-log LSE of a row from its max in log2 units (max · scale_log2) and its sum.
+CUTE_DEVICE float row_lse(float max_log2, float sum) {
+  constexpr float kLn2 = 0.6931471805599453f;
+  return row_has_no_key(sum) ? -INFINITY : (max_log2 + log2f(sum)) * kLn2;
+}
+
 template <int kRows>
 struct OnlineSoftmax {
   float row_max[kRows];
@@ -91,12 +100,10 @@ struct OnlineSoftmax {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const float sum = quad_allreduce_sum(row_sum[r]);
-      const bool empty = sum == 0.f || sum != sum;
-      const float inv = empty ? 0.f : 1.f / sum;
+      const float inv = row_has_no_key(sum) ? 0.f : 1.f / sum;
       CUTE_UNROLL
       for (int c = 0; c < cute::size<1>(acc_rc); ++c) acc_rc(r, c) *= inv;
-      constexpr float kLn2 = 0.6931471805599453f;
-      lse[r] = empty ? -INFINITY : (row_max[r] * scale_log2 + log2f(sum)) * kLn2;
+      lse[r] = row_lse(row_max[r] * scale_log2, sum);
     }
   }
 };

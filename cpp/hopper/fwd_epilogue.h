@@ -88,14 +88,12 @@ struct FwdEpilogue {
       float* lse_base = args.lse + tile.batch * args.lse_batch_stride;
       Tensor tOcO = thr_pv.partition_C(make_identity_tensor(typename Traits::TileQ{}));
       Tensor tOcO_rc = make_tensor(tOcO.data(), rowcol_layout(tOcO.layout()));
-      const int packed = params.packed_heads;
       CUTE_UNROLL
       for (int r = 0; r < kThreadRows; ++r) {
         const int row = row0 + get<0>(tOcO_rc(r, 0));
         if (row < 0 || row >= args.seqlen_q) continue;
-        // Packed: row r is query row r / G of head tile.head · G + r % G.
-        const int head = packed > 1 ? tile.head * packed + row % packed : tile.head;
-        lse_base[head * args.lse_head_stride + (packed > 1 ? row / packed : row)] = lse[r];
+        const QueryRowOf query = query_row_of(params, tile.head, row);
+        lse_base[query.head * args.lse_head_stride + query.row] = lse[r];
       }
     }
   }

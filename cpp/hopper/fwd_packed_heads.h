@@ -11,6 +11,8 @@
 // box of (head dim, G heads, 64 / G rows), so G divides 64.
 #pragma once
 
+#include <climits>
+
 #include "kernel_params.h"
 
 namespace flashcute::hopper {
@@ -22,6 +24,7 @@ inline int fwd_packed_heads(const FwdKernelParams& p, int headdim, int block_m) 
   const int group = p.heads_per_kv;
   if (group < 2 || 64 % group != 0 || headdim % 64 != 0 || block_m <= 0 || p.seqlen_q <= 0) return 1;
   if (p.causal && p.seqlen_q != 1) return 1;
+  if (static_cast<long long>(p.seqlen_q) * group > INT_MAX) return 1;  // the packed call's rows are an int
   const long long tiles = static_cast<long long>(group) * ((p.seqlen_q + block_m - 1) / block_m);
   const long long packed_tiles = (static_cast<long long>(p.seqlen_q) * group + block_m - 1) / block_m;
   return packed_tiles < tiles ? group : 1;

@@ -51,6 +51,18 @@ CUTE_HOST_DEVICE constexpr int packed_box_offset(int c, int col) {
   return c * 64 * Traits::kHeadDim + col * 64;
 }
 
+// Where a tile row lives in the caller's Q, O and LSE: with packed query heads (G > 1), tile
+// row r of K/V head h is query row r / G of query head h·G + r % G.
+struct QueryRowOf {
+  int head, row;
+};
+template <class Traits>
+CUTE_HOST_DEVICE QueryRowOf query_row_of(FwdParams<Traits> const& params, int tile_head, int tile_row) {
+  const int group = params.packed_heads;
+  if (group > 1) return {tile_head * group + tile_row % group, tile_row / group};
+  return {tile_head, tile_row};
+}
+
 // First query row of tile m_block; negative for a shifted first tile. Its 64-row blocks before
 // row 0 are neither loaded, computed nor stored.
 template <class Traits>

@@ -165,7 +165,6 @@ CUTE_DEVICE void merge_few_rows(FwdParams<Traits> const& params, FwdTile const& 
   const FwdKernelParams& args = params.args;
   FwdTailSplit const& split = params.schedule.split;
   const int first = split.first_cta(tile.split), last = split.last_cta(tile.split);
-  const int packed = params.packed_heads;
   for (int item = threadIdx.x - 128; item < rows * kRowChunks * 4; item += 128 * Traits::kConsumers) {
     const int quad_lane = item % 4, k = item / 4 % kRowChunks, row = item / (4 * kRowChunks);
     const int consumer = row / 64, r = row % 16 / 8;
@@ -211,23 +210,17 @@ CUTE_DEVICE void merge_few_rows(FwdParams<Traits> const& params, FwdTile const& 
       }
       row_max = new_max;
     }
-    const bool empty = sum == 0.f || sum != sum;
-    const float inv = empty ? 0.f : 1.f / sum;
-    // Packed query heads: tile row i is query row i / G of head tile.head · G + i % G.
-    const int tile_row = row0 + row;
-    const int head = packed > 1 ? tile.head * packed + tile_row % packed : tile.head;
-    const int query_row = packed > 1 ? tile_row / packed : tile_row;
+    const float inv = row_has_no_key(sum) ? 0.f : 1.f / sum;
+    const QueryRowOf query = query_row_of(params, tile.head, row0 + row);
     Element* out = static_cast<Element*>(args.out) + tile.batch * args.out_batch_stride +
-                   head * args.out_head_stride + query_row * args.out_row_stride + 16 * k + 2 * quad_lane;
+                   query.head * args.out_head_stride + query.row * args.out_row_stride + 16 * k + 2 * quad_lane;
     alignas(4) Element pair[2][2] = {{Element(acc.x * inv), Element(acc.y * inv)},
                                      {Element(acc.z * inv), Element(acc.w * inv)}};
     *reinterpret_cast<uint32_t*>(out) = *reinterpret_cast<const uint32_t*>(pair[0]);
     *reinterpret_cast<uint32_t*>(out + 8) = *reinterpret_cast<const uint32_t*>(pair[1]);
-    if (k == 0 && quad_lane == 0 && args.lse != nullptr) {
-      constexpr float kLn2 = 0.6931471805599453f;
-      args.lse[tile.batch * args.lse_batch_stride + head * args.lse_head_stride + query_row] =
-          empty ? -INFINITY : (row_max * args.scale_log2 + log2f(sum)) * kLn2;
-    }
+    if (k == 0 && quad_lane == 0 && args.lse != nullptr)
+      args.lse[tile.batch * args.lse_batch_stride + query.head * args.lse_head_stride + query.row] =
+          row_lse(row_max * args.scale_log2, sum);
   }
 }
 
