@@ -340,6 +340,7 @@ Status attention_forward_workspace_size(const AttentionForwardParams& params, si
   if (bytes == nullptr) return invalid("bytes must not be null");
   *bytes = 0;
   if (Status s = check_problem(params); !s.ok()) return s;
+  if (params.batch == 0 || params.seqlen_q == 0 || params.nheads == 0) return Status{};  // launches nothing
   // Only the Hopper path splits its last wave, and only on a device that runs it.
   int capability = 0;
   if (backend == Backend::kAmpere || !device_capability(params.device, &capability).ok()) return Status{};

@@ -520,6 +520,34 @@ def test_direct_launch_on_side_stream_and_in_cuda_graph(gen, backend):
     check_close(static_out, static_lse, fresh_q, k, v, causal=True)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_direct_route_rechecks_each_call_of_a_kept_signature(gen, backend):
+    """The direct route keeps what its checks decided per call signature (shapes, strides,
+    dtypes, devices, scalars): a repeated signature must compute from its own inputs, and a
+    pointer that breaks 16-byte alignment under the same shapes and strides is still refused
+    (q, or out=)."""
+    head_dims, dtypes = SUPPORT[backend]
+    headdim = 128 if 128 in head_dims else head_dims[-1]
+    for _ in range(2):
+        q, k, v = make_qkv(gen, 2, 17, 333, 4, 2, headdim, dtypes[0])
+        out, lse = flashcute.attention(q, k, v, causal=True, return_lse=True, backend=backend)
+        check_close(out, lse, q, k, v, causal=True)
+    n = q.numel()
+    flat = torch.randn(n + 8, generator=gen, device="cuda", dtype=q.dtype)
+    aligned, shifted = flat[:n].view(q.shape), flat[1 : n + 1].view(q.shape)
+    assert aligned.stride() == shifted.stride() == q.stride()
+    check_close(flashcute.attention(aligned, k, v, causal=True, backend=backend), None,
+                aligned, k, v, causal=True)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        flashcute.attention(shifted, k, v, causal=True, backend=backend)
+    # The same with out=, which takes the direct route as well.
+    given = poisoned_like(q)
+    assert flashcute.attention(q, k, v, causal=True, out=given, backend=backend) is given
+    check_close(given, None, q, k, v, causal=True)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        flashcute.attention(q, k, v, causal=True, out=flat[1 : n + 1].view(q.shape), backend=backend)
+
+
 # ---------------------------------------------------------------------------------------
 # Empty problems.
 
@@ -540,6 +568,23 @@ def test_no_keys(gen, backend, causal, with_out):
     assert (result == 0).all()
     assert lse.shape == (2, 4, 7) and lse.dtype == torch.float32
     assert torch.isneginf(lse).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_empty_problems_need_no_workspace(backend, causal):
+    """The forward's workspace size for calls that launch nothing: 0, also with no heads at
+    all (no K/V heads to divide by)."""
+    ext = pytest.importorskip("flashcute._C")
+    head_dims, dtypes = SUPPORT[backend]
+    code = {"ampere": ext.BACKEND_AMPERE, "hopper": ext.BACKEND_HOPPER}[backend]
+    for batch, seqlen_q, seqlen_k, nheads, nheads_kv in [
+        (2, 0, 5, 4, 2), (0, 5, 5, 4, 2), (0, 0, 0, 4, 2), (2, 5, 5, 0, 0), (2, 5, 9000, 0, 0),
+    ]:
+        size = ext.forward_workspace_size(
+            batch, seqlen_q, seqlen_k, nheads, nheads_kv, head_dims[-1], dtypes[0], causal, code, 0
+        )
+        assert size == 0
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

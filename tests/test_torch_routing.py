@@ -62,3 +62,19 @@ def test_jit_tracing_uses_the_custom_op():
 
     torch.jit.trace(f, torch.zeros(1, 4, 2, 64), check_trace=False)
     assert seen == [True]
+
+
+def test_calls_that_fail_a_check_keep_no_plan():
+    """The direct route keeps a call signature's checks only once they passed, so a bad call
+    raises every time it is made."""
+    import flashcute
+    from flashcute import _torch_direct
+
+    _torch_direct._plans.clear()
+    q, k, v = (torch.zeros(1, 4, 2, 64, dtype=torch.float16) for _ in range(3))
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor, got a CPU tensor"):
+            flashcute.attention(q, k, v)
+        with pytest.raises(ValueError, match=r"^out: expected shape \(1, 4, 2, 64\)"):
+            flashcute.attention(q, k, v, out=torch.zeros(1, 4, 2, 32, dtype=torch.float16))
+    assert not _torch_direct._plans

@@ -14,6 +14,8 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
+from . import _torch_direct
+
 
 def _check_fake_shapes(q: Tensor, k: Tensor, v: Tensor) -> None:
     """The shape rules the fake implementation can check without reading data."""
@@ -44,9 +46,7 @@ def attention_forward(
     q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float, backend: Optional[str]
 ) -> tuple[Tensor, Tensor]:
     """(out, lse) of flashcute's forward; out is contiguous (batch, seqlen_q, nheads, headdim)."""
-    from .attention import attention_dlpack
-
-    return attention_dlpack(
+    return _torch_direct.attention(
         q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True, backend=backend
     )
 
@@ -113,18 +113,18 @@ _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", None)
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", None)
 
 
-def _needs_custom_op(q: Tensor, k: Tensor, v: Tensor) -> bool:
+def _needs_custom_op(*tensors: Tensor) -> bool:
     """Whether anything may watch the call (autograd, a compiler or tracer, a tensor
     subclass, a dispatch mode or a functorch transform), so that it must go through the
     custom op.
 
     Calling the kernel directly otherwise saves the custom op's dispatch, tens of
     microseconds per call, which matters for short sequences."""
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
         return True
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return True
-    if torch.overrides.has_torch_function((q, k, v)):
+    if torch.overrides.has_torch_function(tensors):
         return True
     if _dispatch_modes is None or _dispatch_modes() != 0:
         return True
@@ -133,15 +133,23 @@ def _needs_custom_op(q: Tensor, k: Tensor, v: Tensor) -> bool:
 
 def attention(
     q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: Optional[float],
-    return_lse: bool, backend: Optional[str],
+    return_lse: bool, backend: Optional[str], out: Optional[Tensor] = None,
 ) -> Any:
-    """The front door's torch route (arguments already type-checked)."""
-    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
-    if not _needs_custom_op(q, k, v):
+    """The front door's torch route (arguments already type-checked). Calls with ``out`` are
+    not differentiable (the front door refused inputs that require grad); where something
+    watches one, it takes the generic DLPack route instead of the custom op."""
+    if out is None and q.dim() == 4 and _needs_custom_op(q, k, v):
+        scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+        result, lse = attention_forward(q, k, v, causal, scale, backend)
+        return (result, lse) if return_lse else result
+    if out is not None and _needs_custom_op(q, k, v, out):
         from .attention import attention_dlpack
 
         return attention_dlpack(
-            q, k, v, causal=causal, softmax_scale=scale, return_lse=return_lse, backend=backend
+            q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, out=out,
+            backend=backend,
         )
-    out, lse = attention_forward(q, k, v, causal, scale, backend)
-    return (out, lse) if return_lse else out
+    return _torch_direct.attention(
+        q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
+        backend=backend, out=out,
+    )

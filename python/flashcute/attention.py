@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from types import ModuleType
 from typing import Any, Optional
 
 from ._build_info import load_extension
@@ -14,6 +15,14 @@ from ._validate import ForwardProblem, check_scalars, type_name, validate_forwar
 def _torch_tensors(*xs: Any) -> bool:
     torch = sys.modules.get("torch")
     return torch is not None and all(isinstance(x, torch.Tensor) for x in xs)
+
+
+def _torch_route() -> ModuleType:
+    """``flashcute._torch_ops``, imported on the first torch call (it imports torch)."""
+    module = sys.modules.get(f"{__package__}._torch_ops")
+    if module is None:
+        from . import _torch_ops as module
+    return module
 
 
 def _refuse_grad_with_out(q: Any, k: Any, v: Any) -> None:
@@ -110,8 +119,11 @@ def attention(
     differentiable (``flashcute::attention_backward``; bitwise reproducible gradients under
     ``torch.use_deterministic_algorithms(True)``) and
     works under ``torch.compile(fullgraph=True)``; otherwise the kernel is launched directly,
-    without the custom op's dispatch cost. Both work in CUDA graphs. The returned lse is not
-    differentiable.
+    without the custom op's dispatch cost, as are torch calls with ``out``. A direct launch
+    keeps what the argument checks decided per call signature (shapes, strides, dtypes,
+    devices, scalar arguments), so a repeated call, a decoding step say, pays only for its
+    allocations and the launch; data pointers are checked on every call. Both routes work in
+    CUDA graphs. The returned lse is not differentiable.
 
     Returns:
         The output (``out`` itself when given), or ``(output, lse)`` when ``return_lse``.
@@ -124,13 +136,13 @@ def attention(
     """
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse: expected a bool, got {type_name(return_lse)}")
-    if out is None and _torch_tensors(q, k, v):
+    if _torch_tensors(q, k, v) and (out is None or _torch_tensors(out)):
         check_scalars(causal, softmax_scale, backend)
-        from . import _torch_ops
-
-        return _torch_ops.attention(
+        if out is not None:
+            _refuse_grad_with_out(q, k, v)
+        return _torch_route().attention(
             q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
-            backend=backend,
+            backend=backend, out=out,
         )
     _refuse_grad_with_out(q, k, v)
     return attention_dlpack(
@@ -171,6 +183,14 @@ def attention_dlpack(
     return (result, lse) if return_lse else result
 
 
+def forward_workspace_bytes(ext: Any, problem: ForwardProblem, causal: bool, backend_code: int) -> int:
+    """Bytes of the optional forward workspace of a validated problem (0: none)."""
+    return int(ext.forward_workspace_size(
+        problem.batch, problem.seqlen_q, problem.seqlen_k, problem.nheads, problem.nheads_kv,
+        problem.headdim, problem.dtype, causal, backend_code, problem.device_id,
+    ))
+
+
 def _workspace(
     ext: Any,
     problem: ForwardProblem,
@@ -184,10 +204,7 @@ def _workspace(
     nothing can allocate it (the call then runs unsplit, with the same results)."""
     if alloc is None:
         return None
-    nbytes = int(ext.forward_workspace_size(
-        problem.batch, problem.seqlen_q, problem.seqlen_k, problem.nheads, problem.nheads_kv,
-        problem.headdim, problem.dtype, causal, backend_code, problem.device_id,
-    ))
+    nbytes = forward_workspace_bytes(ext, problem, causal, backend_code)
     return alloc.empty(like, (nbytes,), "uint8") if nbytes > 0 else None
 
 
