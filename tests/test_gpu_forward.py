@@ -431,11 +431,12 @@ def test_packed_query_heads(gen, headdim, dtype, batch, seqlen_q, seqlen_k, nhea
 
 
 @pytest.mark.skipif(128 not in _HOPPER[0], reason="no Hopper-path hd 128 kernel on this GPU")
-def test_split_last_wave_in_cuda_graph(gen):
-    """The split's workspace comes from the graph's pool and its counters are reset by a memset
-    node, so every replay merges afresh."""
+@pytest.mark.parametrize("shape", [(1, 700, 5000, 6, 2), (4, 1, 8192, 32, 8)], ids=["rows", "decoding"])
+def test_split_last_wave_in_cuda_graph(gen, shape):
+    """The split's workspace comes from the graph's pool and its counters are zeroed in every
+    replay by a kernel that the forward kernel follows as its programmatic dependent, so every
+    replay merges afresh (many-row merge, and packed query heads with the few-row merge)."""
     dtype = _HOPPER[1][-1]
-    shape = (1, 700, 5000, 6, 2)
     assert _hopper_split_planned(*shape, 128, dtype)
     q, k, v = make_qkv(gen, *shape, 128, dtype)
     static_q = q.clone()

@@ -79,6 +79,9 @@ CUTE_DEVICE void leave_split_piece(FwdParams<Traits> const& params, typename Tra
   named_barrier_sync(int(FwdBarrier::kSplitCount), 128 * Traits::kConsumers);
   if (consumer == 0 && threadIdx.x % 128 == 0) {
     FwdTailSplit const& split = params.schedule.split;
+    // Under CUDA-graph capture the counts are zeroed by the grid this one follows as its
+    // programmatic dependent (fwd_zero_split_counts): wait for it. A no-op otherwise.
+    asm volatile("griddepcontrol.wait;" ::: "memory");
     storage.split_last[piece] = count_arrive(params.split_count + tile.split) == split.parts(tile.split) - 1;
   }
   named_barrier_sync(int(FwdBarrier::kSplitCount), 128 * Traits::kConsumers);
