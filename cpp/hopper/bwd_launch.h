@@ -16,6 +16,7 @@
 #include "bwd_workspace.h"
 #include "hopper/bwd_config.h"
 #include "hopper/bwd_kernel.h"
+#include "hopper/dependent_launch.h"
 #include "hopper/fwd_launch.h"  // tma_view
 #include "launch_status.h"
 
@@ -162,16 +163,9 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
     if (p.seqlen_k > 0) kernel<<<kp.split.ctas(), Traits::kThreads, kSmem, stream>>>(kp);
     if (p.seqlen_q > 0) {
       // Behind the dK/dV kernel as its programmatic dependent (bwd_dq_convert.h, kAwaitAdds).
-      cudaLaunchAttribute overlap{};
-      overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      overlap.val.programmaticStreamSerializationAllowed = p.seqlen_k > 0 ? 1 : 0;
-      cudaLaunchConfig_t config{};
-      config.gridDim = dim3(query_blocks, count * p.heads_per_kv);
-      config.blockDim = dim3(Traits::kDqRegionThreads * Traits::kDqRegions);
-      config.stream = stream;
-      config.attrs = &overlap;
-      config.numAttrs = 1;
-      if (cudaError_t err = cudaLaunchKernelEx(&config, &bwd_convert_dq_kernel<Traits, true>, p, pair_begin, kp.split);
+      if (cudaError_t err = launch_dependent(&bwd_convert_dq_kernel<Traits, true>, dim3(query_blocks, count * p.heads_per_kv),
+                                             dim3(Traits::kDqRegionThreads * Traits::kDqRegions), 0, stream,
+                                             p.seqlen_k > 0, p, pair_begin, kp.split);
           err != cudaSuccess)
         return cuda_status(err, "hopper backward dQ conversion launch");
     }

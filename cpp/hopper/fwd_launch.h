@@ -8,6 +8,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "hopper/dependent_launch.h"
 #include "hopper/fwd_kernel.h"
 #include "hopper/fwd_split_plan.h"
 #include "hopper/fwd_traits.h"
@@ -195,17 +196,8 @@ Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
       fwd_zero_split_counts<kZeroThreads><<<1, kZeroThreads, 0, stream>>>(
           kp.split_count, static_cast<int>(split.workspace.count_bytes / sizeof(int)));
       if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return cuda_status(err, "split counts launch");
-      cudaLaunchAttribute overlap{};
-      overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      overlap.val.programmaticStreamSerializationAllowed = 1;
-      cudaLaunchConfig_t config{};
-      config.gridDim = dim3(grid);
-      config.blockDim = dim3(Traits::kThreads);
-      config.dynamicSmemBytes = kSmem;
-      config.stream = stream;
-      config.attrs = &overlap;
-      config.numAttrs = 1;
-      return cuda_status(cudaLaunchKernelEx(&config, kernel, kp), "hopper forward launch");
+      return cuda_status(launch_dependent(kernel, dim3(grid), dim3(Traits::kThreads), kSmem, stream, true, kp),
+                         "hopper forward launch");
     }
     if (cudaError_t err = cudaMemsetAsync(kp.split_count, 0, split.workspace.count_bytes, stream); err != cudaSuccess)
       return cuda_status(err, "cudaMemsetAsync (split tile counts)");
