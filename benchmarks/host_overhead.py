@@ -3,8 +3,10 @@
 Calls are issued back to back without synchronizing (`host us`: CPU time per call, the
 launch rate a Python loop can sustain), then once more with a synchronize after every call
 (`sync us`: host and GPU time together). flashcute is timed on its direct route (torch tensors
-that nothing watches), with out=, and through its custom op (inputs that require grad, as in
-training); SDPA's backends run in the same process.
+that nothing watches), with out=, and with an input that requires grad (the eager autograd
+route, as in training); SDPA's backends run in the same process. The backward is timed the same way: a
+training step's forward and backward through autograd against SDPA's, and
+`flashcute.attention_backward` on its torch route against the generic DLPack route.
 
     python benchmarks/host_overhead.py [--calls 2000] [--json PATH]
 """
@@ -22,6 +24,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashcute
+from flashcute.backward import attention_backward_dlpack
 
 # (batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim)
 SHAPES = [(1, 1, 4096, 16, 16, 128), (1, 1, 8192, 32, 8, 128), (1, 128, 128, 2, 2, 128)]
@@ -58,13 +61,30 @@ def callables(shape: tuple[int, ...], dtype: torch.dtype) -> dict[str, Callable[
                 return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=gqa)
         return call
 
+    dout = torch.randn_like(q)
+    with torch.no_grad():
+        o, lse = flashcute.attention(q, k, v, return_lse=True)
+    k_grad, v_grad = k.clone().requires_grad_(True), v.clone().requires_grad_(True)
+    qt_grad, kt_grad, vt_grad = (x.transpose(1, 2) for x in (q_grad, k_grad, v_grad))
+    dout_t = dout.transpose(1, 2)
+
+    def flashcute_step() -> None:
+        flashcute.attention(q_grad, k_grad, v_grad).backward(dout)
+
+    def sdpa_step() -> None:
+        F.scaled_dot_product_attention(qt_grad, kt_grad, vt_grad, enable_gqa=gqa).backward(dout_t)
+
     return {
         "flashcute": lambda: flashcute.attention(q, k, v),
         "flashcute out=": lambda: flashcute.attention(q, k, v, out=out),
-        "flashcute custom op": lambda: flashcute.attention(q_grad, k, v),
+        "flashcute requires grad": lambda: flashcute.attention(q_grad, k, v),
         "sdpa default": lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=gqa),
         "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
         "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+        "flashcute fwd+bwd": flashcute_step,
+        "sdpa default fwd+bwd": sdpa_step,
+        "flashcute bwd": lambda: flashcute.attention_backward(dout, q, k, v, o, lse),
+        "flashcute bwd dlpack": lambda: attention_backward_dlpack(dout, q, k, v, o, lse),
     }
 
 

@@ -248,6 +248,35 @@ def test_strided_inputs_and_grads(gen, headdim, dtype, layout, bwd_backend):
     check_grads(grads, q, k, v, dout, causal=True)
 
 
+@pytest.mark.parametrize("bwd_backend", BWD_BACKENDS, ids=lambda b: f"bwd-{b or 'default'}")
+def test_direct_route_rechecks_each_call_of_a_kept_signature(gen, bwd_backend):
+    """The torch route keeps what its checks decided per call signature: a repeated signature
+    computes from its own inputs (allocated gradients, then given ones), and a pointer that
+    breaks 16-byte alignment under the same shapes and strides is still refused (dout, dq)."""
+    headdim, dtype = (128 if 128 in BWD_HEAD_DIMS else BWD_HEAD_DIMS[-1]), BWD_DTYPES[0]
+    for _ in range(2):
+        q, k, v = make_qkv(gen, 2, 17, 333, 4, 2, headdim, dtype)
+        dout = randn_like(gen, q)
+        out, lse = forward_for_backward(q, k, v, causal=True)
+        check_grads(flashcute.attention_backward(dout, q, k, v, out, lse, causal=True,
+                                                 backend=bwd_backend), q, k, v, dout, causal=True)
+    for _ in range(2):
+        bufs = [torch.full_like(x, math.nan) for x in (q, k, v)]
+        grads = flashcute.attention_backward(dout, q, k, v, out, lse, causal=True, dq=bufs[0],
+                                             dk=bufs[1], dv=bufs[2], backend=bwd_backend)
+        assert all(g is b for g, b in zip(grads, bufs))
+        check_grads(grads, q, k, v, dout, causal=True)
+    n = q.numel()
+    flat = torch.randn(n + 8, generator=gen, device="cuda", dtype=q.dtype)
+    shifted = flat[1 : n + 1].view(q.shape)
+    assert shifted.stride() == q.stride()
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        flashcute.attention_backward(shifted, q, k, v, out, lse, causal=True, backend=bwd_backend)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        flashcute.attention_backward(dout, q, k, v, out, lse, causal=True, dq=shifted,
+                                     dk=bufs[1], dv=bufs[2], backend=bwd_backend)
+
+
 @pytest.mark.parametrize("headdim, dtype", _per_dim((64, 128)))
 @pytest.mark.parametrize("softmax_scale", [0.05, 0.5])
 def test_softmax_scale(gen, headdim, dtype, softmax_scale):
@@ -393,6 +422,27 @@ def test_opcheck_forward_and_backward(gen):
         torch.ops.flashcute.attention_backward.default,
         (randn_like(gen, q), q, k, v, out, lse, True, 0.125, False, None),
     )
+
+
+def test_eager_autograd_route_matches_the_custom_op(gen):
+    """Eager calls on inputs that require grad run an autograd.Function over the direct
+    routes, not the custom ops: the same output and LSE, gradients within the bound, and a
+    second-order backward refused rather than silently wrong."""
+    q, k, v = make_qkv(gen, 2, 129, 77, 6, 2, 64, "bfloat16")
+    dout = randn_like(gen, q)
+    leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
+    op_leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
+    out, lse = flashcute.attention(*leaves, causal=True, return_lse=True)
+    op_out, op_lse = torch.ops.flashcute.attention_forward(*op_leaves, True, 0.125, None)
+    assert type(out.grad_fn).__name__ != type(op_out.grad_fn).__name__
+    assert torch.equal(out, op_out) and torch.equal(lse, op_lse) and not lse.requires_grad
+    check_grads(torch.autograd.grad(out, leaves, dout), q, k, v, dout, causal=True)
+    check_grads(torch.autograd.grad(op_out, op_leaves, dout), q, k, v, dout, causal=True)
+    out = flashcute.attention(*leaves, causal=True)
+    dout_leaf = dout.clone().requires_grad_(True)
+    dq = torch.autograd.grad(out, leaves, dout_leaf, create_graph=True)[0]
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        dq.float().sum().backward()
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

@@ -1,5 +1,7 @@
-"""The direct torch route of ``flashcute.attention``: calls that nothing watches (see
-``_torch_ops._needs_custom_op``) launch the kernel without the custom op.
+"""The direct torch routes of ``flashcute.attention`` and ``flashcute.attention_backward``:
+calls that nothing watches (see ``_torch_ops.route``) launch the kernels without the custom ops
+or the generic DLPack layer; the custom ops' implementations and the eager autograd route
+(``_torch_autograd``) launch through them too.
 
 What the argument checks and the dispatch decide (the problem's sizes, the backend, the
 workspace size) depends only on the call's signature: shapes, strides, dtypes, devices and
@@ -22,8 +24,9 @@ from torch import Tensor
 from torch.utils.dlpack import to_dlpack
 
 from ._build_info import load_extension
-from ._dispatch import choose_backend
+from ._dispatch import choose_backend, choose_backward_backend
 from ._validate import ForwardProblem, validate_forward
+from ._validate_backward import validate_backward
 from .attention import forward_workspace_bytes
 
 
@@ -36,9 +39,27 @@ class _Plan:
     workspace_bytes: int
 
 
-#: Plans by call signature; cleared when full (a model runs a handful of signatures).
+#: Plans by call signature, forward and backward; cleared when full (a model runs a handful
+#: of signatures).
 _plans: dict[tuple[Any, ...], _Plan] = {}
 _MAX_PLANS = 256
+
+
+def _layout(x: Optional[Tensor]) -> Any:
+    return None if x is None else (x.shape, x.stride(), x.dtype, x.device)
+
+
+def _keep(key: tuple[Any, ...], plan: _Plan) -> None:
+    if len(_plans) >= _MAX_PLANS:
+        _plans.clear()
+    _plans[key] = plan
+
+
+def _stream(device: int) -> int:
+    return int(
+        _raw_stream(device) if _raw_stream is not None
+        else torch.cuda.current_stream(device).cuda_stream
+    )
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
@@ -47,13 +68,7 @@ def _signature(
     q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor], causal: bool,
     softmax_scale: Optional[float], backend: Optional[str],
 ) -> tuple[Any, ...]:
-    return (
-        q.shape, q.stride(), q.dtype, q.device,
-        k.shape, k.stride(), k.dtype, k.device,
-        v.shape, v.stride(), v.dtype, v.device,
-        None if out is None else (out.shape, out.stride(), out.dtype, out.device),
-        causal, softmax_scale, backend,
-    )
+    return ("forward", _layout(q), _layout(k), _layout(v), _layout(out), causal, softmax_scale, backend)
 
 
 def _plan(
@@ -87,9 +102,7 @@ def attention(
     plan = _plans.get(key)
     if plan is None:
         plan = _plan(q, k, v, out, causal, softmax_scale, backend)
-        if len(_plans) >= _MAX_PLANS:
-            _plans.clear()
-        _plans[key] = plan
+        _keep(key, plan)
     problem = plan.problem
     if out is None:
         out = q.new_empty(problem.out_shape)
@@ -98,14 +111,62 @@ def attention(
         workspace = (
             q.new_empty((plan.workspace_bytes,), dtype=torch.uint8) if plan.workspace_bytes else None
         )
-        device = problem.device_id
-        stream = (
-            _raw_stream(device) if _raw_stream is not None
-            else torch.cuda.current_stream(device).cuda_stream
-        )
         load_extension().forward(
             _capsule(q), _capsule(k), _capsule(v), _capsule(out),
             to_dlpack(lse) if lse is not None else None, problem.scale, causal,
-            plan.backend_code, int(stream), to_dlpack(workspace) if workspace is not None else None,
+            plan.backend_code, _stream(problem.device_id),
+            to_dlpack(workspace) if workspace is not None else None,
         )
     return (out, lse) if return_lse else out
+
+
+def _backward_plan(
+    tensors: tuple[Tensor, ...], grads: tuple[Optional[Tensor], ...], causal: bool,
+    softmax_scale: Optional[float], deterministic: bool, backend: Optional[str],
+) -> _Plan:
+    ext = load_extension()
+    dq, dk, dv = grads
+    problem = validate_backward(
+        *tensors, dq=dq, dk=dk, dv=dv, causal=causal, softmax_scale=softmax_scale,
+        deterministic=deterministic, backend=backend,
+    )
+    capability = int(ext.device_capability(problem.device_id))
+    code = choose_backward_backend(
+        backend, capability, headdim=problem.headdim, dtype=problem.dtype,
+        deterministic=deterministic,
+    )
+    workspace_bytes = int(ext.backward_workspace_size(
+        problem.batch, problem.seqlen_q, problem.seqlen_k, problem.nheads, problem.nheads_kv,
+        problem.headdim, problem.dtype, deterministic, code, causal,
+    ))
+    return _Plan(problem, code, workspace_bytes)
+
+
+def attention_backward(
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, *, causal: bool,
+    softmax_scale: Optional[float], deterministic: bool, backend: Optional[str],
+    dq: Optional[Tensor] = None, dk: Optional[Tensor] = None, dv: Optional[Tensor] = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) of a backward call nothing watches: the given buffers or new tensors.
+    Raises what ``flashcute.backward.attention_backward`` raises for the same arguments."""
+    tensors = (dout, q, k, v, out, lse)
+    grads = (dq, dk, dv)
+    key = (
+        "backward", *(_layout(x) for x in tensors), *(_layout(g) for g in grads),
+        causal, softmax_scale, deterministic, backend,
+    )
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _backward_plan(tensors, grads, causal, softmax_scale, deterministic, backend)
+        _keep(key, plan)
+    problem = plan.problem
+    kv_shape = (problem.batch, problem.seqlen_k, problem.nheads_kv, problem.headdim)
+    dq = q.new_empty(problem.out_shape) if dq is None else dq
+    dk = q.new_empty(kv_shape) if dk is None else dk
+    dv = q.new_empty(kv_shape) if dv is None else dv
+    workspace = q.new_empty((plan.workspace_bytes,), dtype=torch.uint8)
+    load_extension().backward(
+        *(_capsule(x) for x in (*tensors, dq, dk, dv)), to_dlpack(workspace),
+        problem.scale, causal, deterministic, plan.backend_code, _stream(problem.device_id),
+    )
+    return dq, dk, dv

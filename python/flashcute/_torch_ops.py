@@ -14,7 +14,8 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from . import _torch_direct
+from . import _torch_autograd, _torch_direct
+from ._torch_layout import kernel_layout
 
 
 def _check_fake_shapes(q: Tensor, k: Tensor, v: Tensor) -> None:
@@ -29,16 +30,6 @@ def _check_fake_shapes(q: Tensor, k: Tensor, v: Tensor) -> None:
         raise ValueError(
             f"q, k, v: shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)} do not match"
         )
-
-
-def _kernel_layout(x: Tensor) -> Tensor:
-    """``x``, or a contiguous copy where its strides are not ones the kernels take (gradients
-    from autograd may be expanded, stride 0, or otherwise oddly strided)."""
-    strides_ok = x.stride(-1) == 1 and all(
-        size <= 1 or (stride > 0 and stride % 8 == 0)
-        for size, stride in zip(x.shape[:-1], x.stride()[:-1])
-    )
-    return x if strides_ok and x.data_ptr() % 16 == 0 else x.contiguous()
 
 
 @torch.library.custom_op("flashcute::attention_forward", mutates_args=())
@@ -65,16 +56,10 @@ def attention_backward(
     softmax_scale: float, deterministic: bool, backend: Optional[str],
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of flashcute's backward, each contiguous."""
-    from .backward import attention_backward as backward_dlpack
-
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    backward_dlpack(
-        _kernel_layout(dout), q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
-        dq=dq, dk=dk, dv=dv, deterministic=deterministic, backend=backend,
+    return _torch_direct.attention_backward(
+        kernel_layout(dout), q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
+        deterministic=deterministic, backend=backend,
     )
-    return dq, dk, dv
 
 
 @attention_backward.register_fake
@@ -113,15 +98,9 @@ _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", None)
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", None)
 
 
-def _needs_custom_op(*tensors: Tensor) -> bool:
-    """Whether anything may watch the call (autograd, a compiler or tracer, a tensor
-    subclass, a dispatch mode or a functorch transform), so that it must go through the
-    custom op.
-
-    Calling the kernel directly otherwise saves the custom op's dispatch, tens of
-    microseconds per call, which matters for short sequences."""
-    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
-        return True
+def watched(*tensors: Tensor) -> bool:
+    """Whether a compiler or tracer, a tensor subclass, a dispatch mode or a functorch
+    transform may watch a call on these tensors (autograd aside)."""
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return True
     if torch.overrides.has_torch_function(tensors):
@@ -131,6 +110,20 @@ def _needs_custom_op(*tensors: Tensor) -> bool:
     return _functorch_active is None or bool(_functorch_active())
 
 
+def route(*tensors: Tensor) -> str:
+    """How a call on these tensors runs: "custom_op" where something other than autograd may
+    watch it (see ``watched``), "autograd" where only autograd does (an input requires grad),
+    else "direct" (the kernel is called without either).
+
+    Calling the kernels without the custom ops saves their dispatch, tens of microseconds per
+    forward and per backward, which matters for short sequences."""
+    if watched(*tensors):
+        return "custom_op"
+    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
+        return "autograd"
+    return "direct"
+
+
 def attention(
     q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: Optional[float],
     return_lse: bool, backend: Optional[str], out: Optional[Tensor] = None,
@@ -138,17 +131,25 @@ def attention(
     """The front door's torch route (arguments already type-checked). Calls with ``out`` are
     not differentiable (the front door refused inputs that require grad); where something
     watches one, it takes the generic DLPack route instead of the custom op."""
-    if out is None and q.dim() == 4 and _needs_custom_op(q, k, v):
-        scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
-        result, lse = attention_forward(q, k, v, causal, scale, backend)
-        return (result, lse) if return_lse else result
-    if out is not None and _needs_custom_op(q, k, v, out):
-        from .attention import attention_dlpack
+    if out is not None:
+        if route(q, k, v, out) != "direct":
+            from .attention import attention_dlpack
 
-        return attention_dlpack(
-            q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, out=out,
-            backend=backend,
-        )
+            return attention_dlpack(
+                q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
+                out=out, backend=backend,
+            )
+    elif q.dim() == 4:
+        how = route(q, k, v)
+        if how == "custom_op":
+            scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+            result, lse = attention_forward(q, k, v, causal, scale, backend)
+            return (result, lse) if return_lse else result
+        if how == "autograd":
+            result, lse = _torch_autograd.attention(
+                q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend
+            )
+            return (result, lse) if return_lse else result
     return _torch_direct.attention(
         q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
         backend=backend, out=out,

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ._build_info import load_extension
+from .attention import _torch_route, _torch_tensors
 from ._dispatch import choose_backward_backend
 from ._frameworks import export, framework_of, launchable
-from ._validate import type_name
+from ._validate import check_scalars, type_name
 from ._validate_backward import validate_backward
 
 
@@ -62,6 +63,45 @@ def attention_backward(
         RuntimeError: no usable GPU, or a CUDA error.
         ImportError: the compiled extension is missing.
     """
+    if _torch_tensors(dout, q, k, v, out, lse) and all(
+        g is None or _torch_tensors(g) for g in (dq, dk, dv)
+    ):
+        check_scalars(causal, softmax_scale, backend)
+        if not isinstance(deterministic, bool):
+            raise TypeError(f"deterministic: expected a bool, got {type_name(deterministic)}")
+        tensors = [x for x in (dout, q, k, v, out, lse, dq, dk, dv) if x is not None]
+        # Gradients are not differentiated, so autograd does not count as watching.
+        if not _torch_route().watched(*tensors):
+            from ._torch_direct import attention_backward as direct
+
+            return direct(
+                dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
+                deterministic=deterministic, backend=backend, dq=dq, dk=dk, dv=dv,
+            )
+    return attention_backward_dlpack(
+        dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, dq=dq, dk=dk, dv=dv,
+        deterministic=deterministic, backend=backend,
+    )
+
+
+def attention_backward_dlpack(
+    dout: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    *,
+    causal: bool = False,
+    softmax_scale: Optional[float] = None,
+    dq: Any = None,
+    dk: Any = None,
+    dv: Any = None,
+    deterministic: bool = False,
+    backend: Optional[str] = None,
+) -> tuple[Any, Any, Any]:
+    """``attention_backward`` through DLPack, for every framework: the route of calls on
+    torch tensors that something watches, and of all cupy and jax calls."""
     alloc = framework_of(q)
     if alloc is None:
         raise TypeError(

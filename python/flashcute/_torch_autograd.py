@@ -1,0 +1,62 @@
+"""The eager training route of ``flashcute.attention``: inputs that require grad, with nothing
+but autograd watching (no compiler, tracer, tensor subclass, dispatch mode or functorch
+transform; see ``_torch_ops.route``).
+
+A ``torch.autograd.Function`` over the direct routes of the forward and the backward
+(``_torch_direct``) records the same graph as the custom ops' autograd formula, without two
+passes through torch's custom-op dispatch per training step (hundreds of microseconds of host
+time at short sequences). Everything that traces or transforms the call still goes through the
+custom ops (``_torch_ops``), which ``torch.compile`` and ``opcheck`` understand.
+
+Imported only when torch tensors are used.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from . import _torch_direct
+from ._torch_layout import kernel_layout
+
+
+class _Attention(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: Optional[float],
+        backend: Optional[str],
+    ) -> tuple[Tensor, Tensor]:
+        out, lse = _torch_direct.attention(
+            q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True, backend=backend
+        )
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal = causal
+        ctx.softmax_scale = softmax_scale
+        # As the custom ops' formula: a forward forced onto "hopper" differentiates with the
+        # default choice of backward.
+        ctx.backend = None if backend == "hopper" else backend
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, dout: Tensor, _dlse: Optional[Tensor]) -> tuple[Any, ...]:  # type: ignore[override]
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _torch_direct.attention_backward(
+            kernel_layout(dout), q, k, v, out, lse, causal=ctx.causal,
+            softmax_scale=ctx.softmax_scale,
+            deterministic=torch.are_deterministic_algorithms_enabled(), backend=ctx.backend,
+        )
+        return dq, dk, dv, None, None, None
+
+
+def attention(
+    q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: Optional[float],
+    backend: Optional[str],
+) -> tuple[Tensor, Tensor]:
+    """(out, lse) of a differentiable call; lse is not differentiable."""
+    out, lse = _Attention.apply(q, k, v, causal, softmax_scale, backend)
+    return out, lse
