@@ -55,13 +55,14 @@ def _keep(key: tuple[Any, ...], plan: _Plan) -> None:
     _plans[key] = plan
 
 
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _stream(device: int) -> int:
     return int(
         _raw_stream(device) if _raw_stream is not None
         else torch.cuda.current_stream(device).cuda_stream
     )
-
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def _signature(

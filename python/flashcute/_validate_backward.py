@@ -15,6 +15,12 @@ from ._validate import (
 )
 
 
+def check_deterministic(deterministic: Any) -> None:
+    """Type check of the backward's ``deterministic`` flag."""
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__qualname__}")
+
+
 def validate_backward(
     dout: Any,
     q: Any,
@@ -42,8 +48,7 @@ def validate_backward(
         ValueError: wrong ranks, shapes, strides, devices, head dim, scale or backend name.
         ImportError: the compiled extension is missing.
     """
-    if not isinstance(deterministic, bool):
-        raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__qualname__}")
+    check_deterministic(deterministic)
     if out is None:
         raise TypeError("out: expected the forward's output, got None")
     problem, forward_infos = forward_problem(

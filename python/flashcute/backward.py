@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ._build_info import load_extension
-from .attention import _torch_route, _torch_tensors
 from ._dispatch import choose_backward_backend
 from ._frameworks import export, framework_of, launchable
 from ._validate import check_scalars, type_name
-from ._validate_backward import validate_backward
+from ._validate_backward import check_deterministic, validate_backward
+from .attention import _torch_route, _torch_tensors
 
 
 def attention_backward(
@@ -66,9 +66,8 @@ def attention_backward(
     if _torch_tensors(dout, q, k, v, out, lse) and all(
         g is None or _torch_tensors(g) for g in (dq, dk, dv)
     ):
-        check_scalars(causal, softmax_scale, backend)
-        if not isinstance(deterministic, bool):
-            raise TypeError(f"deterministic: expected a bool, got {type_name(deterministic)}")
+        check_scalars(causal, softmax_scale, backend)  # before they key the kept checks
+        check_deterministic(deterministic)
         tensors = [x for x in (dout, q, k, v, out, lse, dq, dk, dv) if x is not None]
         # Gradients are not differentiated, so autograd does not count as watching.
         if not _torch_route().watched(*tensors):
