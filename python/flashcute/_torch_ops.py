@@ -3,6 +3,10 @@ and the autograd formula that ties them, so that ``flashcute.attention`` on torc
 differentiable and traceable by ``torch.compile`` (fake implementations give output shapes)
 and capturable in CUDA graphs (all work on the current stream, memory from torch's allocator).
 
+Also the routing of the front door's torch calls (``route``): the custom ops where a compiler,
+tracer, subclass, dispatch mode or functorch transform may watch, the eager autograd route
+(``_torch_autograd``) where only autograd does, else the direct route (``_torch_direct``).
+
 Imported only when torch tensors are used.
 """
 
