@@ -234,6 +234,21 @@ def test_split_last_wave(gen, headdim, shape):
     check_grads(result, q, k, v, dout, causal=False)
 
 
+@pytest.mark.parametrize("headdim", [64, 128, 256])
+def test_causal_tail_in_key_block_order(gen, headdim):
+    """A causal call's last pairs run key block by key block (plan_causal_tail): 4 × 6 kv heads
+    (GQA 2:1) of 17-27 key blocks, more pairs than that tail, seqlen_q < seqlen_k."""
+    if headdim not in HOPPER_BWD_HEAD_DIMS or "bfloat16" not in BWD_DTYPES:
+        pytest.skip(f"no Hopper-path bf16 backward for head dim {headdim} in this build")
+    q, k, v = make_qkv(gen, 4, 1500, 2100, 12, 6, headdim, "bfloat16")
+    dout = randn_like(gen, q)
+    out, lse = forward_for_backward(q, k, v, causal=True)
+    bufs = [torch.full_like(x, math.nan) for x in (q, k, v)]
+    result = flashcute.attention_backward(dout, q, k, v, out, lse, causal=True,
+                                          dq=bufs[0], dk=bufs[1], dv=bufs[2], backend="hopper")
+    check_grads(result, q, k, v, dout, causal=True)
+
+
 @pytest.mark.parametrize("headdim, dtype", _per_dim((64, 128, 256)))
 @pytest.mark.parametrize("layout", ["bhsd", "padded"])
 @pytest.mark.parametrize("bwd_backend", BWD_BACKENDS, ids=lambda b: f"bwd-{b or 'default'}")

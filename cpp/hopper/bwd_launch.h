@@ -147,6 +147,11 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
     const double convert_blocks = 0.7 * double(count) * p.heads_per_kv * p.seqlen_q_padded * kHeadDim / 8192.0;
     kp.split = plan_tail_split(key_blocks, key_blocks * count, p.heads_per_kv * query_blocks, sms, split_tiles_max,
                                convert_blocks);
+    if (p.causal) {
+      const long long pair_bytes =
+          (long long)p.heads_per_kv * p.seqlen_q_padded * kHeadDim * (2 * sizeof(Element) + sizeof(float));
+      plan_causal_tail(kp.split, count, sms, pair_bytes);
+    }
     if (p.seqlen_q > 0) {  // dq_ready and the chunk's dq_accum, contiguous
       const size_t accum_bytes = size_t(count) * p.heads_per_kv * p.seqlen_q_padded * kHeadDim * sizeof(float);
       if (cudaError_t err = cudaMemsetAsync(p.dq_ready, 0, workspace.dq_ready_bytes + accum_bytes, stream);

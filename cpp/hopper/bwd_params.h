@@ -34,7 +34,7 @@ struct BwdTile {
 };
 
 // The work of CTA `cta`. Tiles go pair by pair, key blocks in order (causal: low key blocks
-// meet the most rows and start first).
+// meet the most rows and start first; the last pairs key block by key block, plan_causal_tail).
 template <class Traits>
 CUTE_DEVICE BwdTile bwd_tile(BwdParams<Traits> const& params, int cta) {
   const BwdKernelParams& args = params.args;
