@@ -28,11 +28,12 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
   static_assert(kBwdRowPadding % Traits::kBlockM == 0);
   // The key-split kernels whose dQ needs both consumers' dS (hd 64, 128) issue dQ one block
   // late where a CTA loops over enough query blocks (bwd_consumer.h). Measured on the H200
-  // (hd 64, in-process A/B against the same kernel without it): 16 blocks per CTA +0.3 to
-  // +1.4 % time, 32 blocks -1 to -3.5 %, 64-128 blocks -3.4 to -4.8 % (causal: about half of
-  // that at the same seqlen).
+  // (in-process A/B against the same kernel without it, bf16, batch·seqlen 16k): hd 64 gains
+  // at every loop length (n512 / c512 / n1k / c1k / n2k / c2k / c4k: -1.2 / 0 / -5.2 / -3.4 /
+  // -8.1 / -5.9 / -7.3 % time; -9 to -10 % at 8k-16k), so it always defers; hd 128 loses 2-3 %
+  // at 8-16 blocks per CTA and defers from 24.
   constexpr bool kCanDeferDq = !Traits::kSplitsHeadDim && !Traits::kDqSplitKeys;
-  constexpr int kDeferDqMinBlocks = 24;
+  constexpr int kDeferDqMinBlocks = kHeadDim <= 64 ? 0 : 24;
   const int query_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
   const int blocks_per_cta = p.heads_per_kv * (p.causal ? (query_blocks + 1) / 2 : query_blocks);
   auto kernel = &bwd_kernel<Traits>;
