@@ -106,13 +106,13 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
   // Q and dO stages advance together: one state serves both pipelines.
   cutlass::PipelineState<Traits::kStages> stage;
   storage.kv_full.wait(0);
-  // kDeferDq (split 2 always, split 0 for long loops): block t's dQ is issued one block late, behind block
-  // t+1's dS, from both consumers' dS(t) in buffer t % 2. A consumer then never waits for the
-  // other's dS of the block it is working on, so the two drift out of phase and one's exp2 and
-  // dS run under the other's GEMMs; in lockstep both consumers' exp2 leave the tensor cores
-  // idle. The last dQ then runs after the last dK, and the consumers start in phase, which
-  // hd 128's short loops do not win back (bwd_launch.h). Named barriers, arrived by one consumer and
-  // synced by the other:
+  // kDeferDq (bwd_launch.h: hd 64 always, hd 128 for long loops): block t's dQ is issued one
+  // block late, behind block t+1's dS, from both consumers' dS(t) in buffer t % 2. A consumer
+  // then never waits for the other's dS of the block it is working on, so the two drift out of
+  // phase and one's exp2 and dS run under the other's GEMMs; in lockstep both consumers' exp2
+  // leave the tensor cores idle. The last dQ then runs after the last dK, and the consumers
+  // start in phase, which hd 128's short loops do not win back. Named barriers, arrived by one
+  // consumer and synced by the other:
   //   ds_full(owner, b): the owner's dS in buffer b is written;
   //   ds_free(owner, b): the other consumer's dQ GEMM reading it has completed.
   static_assert(!kDeferDq || !Traits::kDqSplitKeys, "split 1 needs no other consumer's dS");
