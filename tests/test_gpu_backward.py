@@ -249,6 +249,24 @@ def test_causal_tail_in_key_block_order(gen, headdim):
     check_grads(result, q, k, v, dout, causal=True)
 
 
+@pytest.mark.parametrize("headdim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_workspace_from_nan_filled_memory(gen, headdim, causal):
+    """Nothing may depend on the workspace's earlier contents (the dQ accumulator, the counts):
+    the backward runs on memory torch's allocator hands back from a freed NaN-filled buffer,
+    with query blocks no key reaches (causal, seqlen_q > seqlen_k)."""
+    if headdim not in HOPPER_BWD_HEAD_DIMS or "bfloat16" not in BWD_DTYPES:
+        pytest.skip(f"no Hopper-path bf16 backward for head dim {headdim} in this build")
+    q, k, v = make_qkv(gen, 2, 700, 300 if causal else 900, 6, 3, headdim, "bfloat16")
+    dout = randn_like(gen, q)
+    out, lse = forward_for_backward(q, k, v, causal=causal)
+    torch.cuda.synchronize()
+    poison = torch.full((64 << 20,), math.nan, device=q.device, dtype=torch.float32)
+    del poison  # the allocator's cached block: the workspace below is carved from it
+    result = flashcute.attention_backward(dout, q, k, v, out, lse, causal=causal, backend="hopper")
+    check_grads(result, q, k, v, dout, causal=causal)
+
+
 @pytest.mark.parametrize("headdim, dtype", _per_dim((64, 128, 256)))
 @pytest.mark.parametrize("layout", ["bhsd", "padded"])
 @pytest.mark.parametrize("bwd_backend", BWD_BACKENDS, ids=lambda b: f"bwd-{b or 'default'}")
