@@ -249,15 +249,26 @@ def test_causal_tail_in_key_block_order(gen, headdim):
     check_grads(result, q, k, v, dout, causal=True)
 
 
+# (causal, seqlen_q, seqlen_k, nheads, nheads_kv): 20 (batch, kv head) pairs of 258 key
+# blocks take two dq_accum chunks (bwd_workspace.h), each zeroed in its own way.
+_WORKSPACE_SHAPES = {
+    "full": (False, 700, 900, 6, 3),
+    "causal": (True, 700, 300, 6, 3),
+    "two-chunks": (False, 80, 33000, 40, 20),
+}
+
+
 @pytest.mark.parametrize("headdim", [64, 128, 256])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_workspace_from_nan_filled_memory(gen, headdim, causal):
+@pytest.mark.parametrize("shape", sorted(_WORKSPACE_SHAPES))
+def test_workspace_from_nan_filled_memory(gen, headdim, shape):
     """Nothing may depend on the workspace's earlier contents (the dQ accumulator, the counts):
     the backward runs on memory torch's allocator hands back from a freed NaN-filled buffer,
-    with query blocks no key reaches (causal, seqlen_q > seqlen_k)."""
+    with query blocks no key reaches (causal, seqlen_q > seqlen_k) and with two chunks."""
     if headdim not in HOPPER_BWD_HEAD_DIMS or "bfloat16" not in BWD_DTYPES:
         pytest.skip(f"no Hopper-path bf16 backward for head dim {headdim} in this build")
-    q, k, v = make_qkv(gen, 2, 700, 300 if causal else 900, 6, 3, headdim, "bfloat16")
+    causal, seqlen_q, seqlen_k, nheads, nheads_kv = _WORKSPACE_SHAPES[shape]
+    q, k, v = make_qkv(gen, 1 if shape == "two-chunks" else 2, seqlen_q, seqlen_k, nheads, nheads_kv,
+                       headdim, "bfloat16")
     dout = randn_like(gen, q)
     out, lse = forward_for_backward(q, k, v, causal=causal)
     torch.cuda.synchronize()
