@@ -250,7 +250,7 @@ def test_causal_tail_in_key_block_order(gen, headdim):
 
 
 # (causal, seqlen_q, seqlen_k, nheads, nheads_kv): 20 (batch, kv head) pairs of 258 key
-# blocks take two dq_accum chunks (bwd_workspace.h), each zeroed in its own way.
+# blocks take two dq_accum chunks (bwd_workspace.h): the buffer is zeroed again for the second.
 _WORKSPACE_SHAPES = {
     "full": (False, 700, 900, 6, 3),
     "causal": (True, 700, 300, 6, 3),
