@@ -5,7 +5,8 @@
 // Order inside a block: Sᵀ and dPᵀ are issued together; P is computed as soon as Sᵀ is back,
 // then dS; dV += Pᵀ·dO runs while dS goes to shared memory; then dQ = dS·K (of the previous
 // block where dQ needs both consumers' dS) and dK += dSᵀ·Q, and the dQ partial is added while
-// dK runs. The Q and dO stages are released once every GEMM reading them has completed.
+// dK runs. With Traits::kDvAfterDq, dV is issued after dK instead, and the partial is added
+// while both run. The Q and dO stages are released once every GEMM reading them has completed.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -190,7 +191,8 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
       for (int r = 0; r < size<0>(dp_rc); ++r) dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - dot);
     }
     convert_fragment_into(acc_s, p_regs);
-    wgmma_issue<false>(mma_dkv, tDrP, tDrdO(_, _, _, s), acc_dv);
+    constexpr bool kDvLast = Traits::kDvAfterDq;
+    if constexpr (!kDvLast) wgmma_issue<false>(mma_dkv, tDrP, tDrdO(_, _, _, s), acc_dv);
     convert_fragment_into(acc_dp, ds_regs);
 
     // dS to shared memory for dQ (stmatrix, then fenced for the WGMMA's async proxy).
@@ -212,17 +214,27 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
       Tensor acc_dq = partition_fragment_C(mma_dq, typename Traits::TileDq{});
       issue_dq(acc_dq, dq_buffer);
       wgmma_issue<false>(mma_dkv, tDrdS, tDrQ(_, _, _, s), acc_dk);
-      warpgroup_wait<1>();  // dV and dQ (dK may still run)
+      if constexpr (kDvLast) {
+        wgmma_issue<false>(mma_dkv, tDrP, tDrdO(_, _, _, s), acc_dv);
+        warpgroup_wait<2>();  // dQ (dK and dV may still run)
+      } else {
+        warpgroup_wait<1>();  // dV and dQ (dK may still run)
+      }
       if (kDeferDq && t + 1 < blocks) named_barrier_arrive(ds_free(other, dq_buffer), 256);
-      pipeline_do.consumer_release(stage);
+      if constexpr (!kDvLast) pipeline_do.consumer_release(stage);
       red_add_fragment(kDeferDq ? dq_dst : block_dst, acc_dq);
     } else {
       wgmma_issue<false>(mma_dkv, tDrdS, tDrQ(_, _, _, s), acc_dk);
-      warpgroup_wait<1>();  // dV
-      pipeline_do.consumer_release(stage);
+      if constexpr (kDvLast) {
+        wgmma_issue<false>(mma_dkv, tDrP, tDrdO(_, _, _, s), acc_dv);
+      } else {
+        warpgroup_wait<1>();  // dV
+        pipeline_do.consumer_release(stage);
+      }
     }
     dq_dst = block_dst;
-    warpgroup_wait<0>();  // dK
+    warpgroup_wait<0>();  // dK (and dV)
+    if constexpr (kDvLast) pipeline_do.consumer_release(stage);
     pipeline_q.consumer_release(stage);
     ++stage;
     if (++i == count) i = 0, dq_accum_head += int64_t(args.seqlen_q_padded) * kHeadDim;
