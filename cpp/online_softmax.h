@@ -76,6 +76,41 @@ struct OnlineSoftmax {
     }
   }
 
+  // A block's weights against the running max as it stands, without searching the block
+  // for a new one. Dividing by the row sum at the end makes exp2(s · scale_log2 - m) exact for
+  // any m that keeps the weights finite in P's element type, so the max only has to bound
+  // them: this skips the block max, its shuffles, the row-sum correction and the rescale of
+  // the output. Returns whether this thread's weights of each row sum to at most
+  // kKeptMaxSumLimit (each weight then fits fp16 and bf16 with room to spare) and its rows
+  // have a max. Where it returns false for any thread, the caller discards the weights (the
+  // row sums are untouched; block_sum holds this block's) and redoes the block with
+  // update_scores on fresh scores.
+  static constexpr float kKeptMaxSumLimit = 4096.f;
+  template <class Scores>
+  CUTE_DEVICE bool exp2_against_kept_max(Scores& scores_rc, float (&block_sum)[kRows]) const {
+    static_assert(decltype(cute::size<0>(scores_rc))::value == kRows);
+    bool fits = true;
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const float max_scaled = row_max[r] * scale_log2;
+      float sum = 0.f;
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(scores_rc); ++c) {
+        const float p = fast_exp2(fmaf(scores_rc(r, c), scale_log2, -max_scaled));
+        scores_rc(r, c) = p;
+        sum += p;
+      }
+      block_sum[r] = sum;
+      fits = fits && row_max[r] != -INFINITY && sum <= kKeptMaxSumLimit;  // a NaN sum fails
+    }
+    return fits;
+  }
+
+  CUTE_DEVICE void add_block_sums(const float (&block_sum)[kRows]) {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) row_sum[r] += block_sum[r];
+  }
+
   template <class Acc>
   CUTE_DEVICE static void rescale(Acc& acc_rc, const float (&correction)[kRows]) {
     CUTE_UNROLL

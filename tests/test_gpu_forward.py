@@ -295,6 +295,20 @@ def test_softmax_scale(gen, backend, headdim, dtype, causal, softmax_scale):
     run_checked(q, k, v, causal=causal, backend=backend, softmax_scale=softmax_scale)
 
 
+@pytest.mark.parametrize("backend, headdim, dtype", _per_backend())
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("growth", [8.0, 40.0], ids=["x8", "x40"])
+def test_scores_grow_toward_first_keys(gen, backend, headdim, dtype, causal, growth):
+    """Keys scaled up toward key 0: the Hopper path visits key blocks from the last to the
+    first, so each block's scores can far exceed every max seen before. Its shortcut that keeps
+    a row's max (online_softmax.h) must then redo the block: at x8 the weights outgrow the
+    shortcut's limit, at x40 exp2 against the kept max overflows."""
+    q, k, v = make_qkv(gen, 1, 300, 1500, 2, 2, headdim, dtype)
+    ramp = torch.linspace(growth, 1.0, k.shape[1], device="cuda", dtype=torch.float32)
+    k = (k.float() * ramp[None, :, None, None]).to(k.dtype)
+    run_checked(q, k, v, causal=causal, backend=backend)
+
+
 def test_default_backend(gen):
     """backend=None picks the GPU's default backend and gives its exact results."""
     from flashcute import _C

@@ -5,7 +5,10 @@
 // P(n)·V(n) are issued together, the softmax of S(n-1) runs once S is back while P·V is
 // still in flight, and O is rescaled after it lands. Between warpgroups, MmaTurns orders the
 // issue so their GEMM phases alternate. The blocks that need the mask (sequence tail, causal
-// diagonal) come first and run in their own loop; the bulk runs without mask code. Key blocks
+// diagonal) come first and run in their own loop; the bulk runs without mask code and keeps
+// each row's max while the weights stay small (online_softmax.h): no max search, no O rescale.
+// Where any thread of a warpgroup finds them too large, the warpgroup computes S again and
+// takes the full update. Key blocks
 // that none of a consumer's rows can see are skipped by that consumer alone. A piece of a
 // split tile (fwd_tail_split.h) runs its own key blocks and leaves its state; the CTA whose
 // piece finishes a tile merges and stores it once its own pieces are done (few-row tiles: all
@@ -147,11 +150,29 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
         wgmma_issue<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), acc_o);
         turns.pass();
         warpgroup_wait<1>();
-        scores_done(acc_s, n, decltype(masked)::value, correction);
+        // Unmasked blocks keep the row max where the weights stay small (Traits::kKeepsRowMax,
+        // online_softmax.h); otherwise S is computed again and goes through the full update.
+        constexpr bool kKeepMax = !decltype(masked)::value && Traits::kKeepsRowMax;
+        bool max_kept = false;
+        float block_sum[kThreadRows];
+        if constexpr (kKeepMax) {
+          Tensor acc_s_rc = rowcol_view(acc_s);
+          max_kept = all_of_warpgroup(softmax.exp2_against_kept_max(acc_s_rc, block_sum),
+                                      int(FwdBarrier::kKeptMax0) + consumer);
+          if (!max_kept) wgmma_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
+        }
+        if (max_kept) {
+          pipeline_k.consumer_release(k_state);
+          ++k_state;
+          softmax.add_block_sums(block_sum);
+        } else {
+          if constexpr (kKeepMax) warpgroup_wait<0>();
+          scores_done(acc_s, n, decltype(masked)::value, correction);
+        }
         warpgroup_wait<0>();
         pipeline_v.consumer_release(v_state);
         ++v_state;
-        OnlineSoftmax<kThreadRows>::rescale(acc_o_rc, correction);
+        if (!max_kept) OnlineSoftmax<kThreadRows>::rescale(acc_o_rc, correction);
         convert_fragment_into(acc_s, p_regs);
       };
       for (--n; n >= n_begin && n >= mine.n_unmasked; --n) step(n, cute::true_type{});

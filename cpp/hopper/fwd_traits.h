@@ -36,6 +36,11 @@ struct FwdTraits {
   static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= (65536 / kThreads) / 8 * 8 * kThreads,
                 "producer + consumer registers exceed the CTA's allocation");
 
+  // The unmasked key blocks keep each row's max while the weights stay small (fwd_consumer.h).
+  // hd 256 holds 128 accumulator registers per thread and spills with it (the bookkeeping and
+  // the path that computes S again), so it always searches the max.
+  static constexpr bool kKeepsRowMax = kHeadDim < 256;
+
   using TileQ = Shape<Int<kRowsPerConsumer>, Int<kHeadDim>>;  // one consumer's Q (and O) rows
   using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
   using TileS = Shape<Int<kRowsPerConsumer>, Int<kBlockN>>;

@@ -12,6 +12,7 @@ enum class FwdBarrier : int {
   kEpilogue0 = 1 + 4,  // kEpilogue0 + c: consumer c's 128 threads around its O tile
   kLastPvDone = 1 + 8, // all consumers: no WGMMA reads V any more (O is staged in V's buffer)
   kSplitCount = 1 + 9, // all consumers, around counting a split tile's piece done
+  kKeptMax0 = 1 + 10,  // kKeptMax0 + c: consumer c's 128 threads agree to keep the row max
 };
 
 // Backward: both consumers' dS tiles are in shared memory (256 threads); one consumer's
@@ -46,6 +47,17 @@ struct MmaTurns {
       named_barrier_arrive(int(FwdBarrier::kMmaTurn0) + (consumer + 1) % kConsumers, 256);
   }
 };
+
+// Whether `value` holds in every thread of the 128 that meet at barrier `id`.
+CUTE_DEVICE bool all_of_warpgroup(bool value, int id) {
+  int result;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.b32 p, %1, 0;\n bar.red.and.pred q, %2, 128, p;\n"
+      " selp.b32 %0, 1, 0, q;\n}"
+      : "=r"(result)
+      : "r"(int(value)), "r"(id));
+  return result != 0;
+}
 
 CUTE_DEVICE void epilogue_barrier_sync(int consumer) {
   named_barrier_sync(int(FwdBarrier::kEpilogue0) + consumer, 128);
