@@ -37,8 +37,9 @@ struct FwdTraits {
                 "producer + consumer registers exceed the CTA's allocation");
 
   // The unmasked key blocks keep each row's max while the weights stay small (fwd_consumer.h).
-  // hd 256 holds 128 accumulator registers per thread and spills with it (the bookkeeping and
-  // the path that computes S again), so it always searches the max.
+  // hd 256 always searches the max: with the path that computes S again it spills (the
+  // descriptors stay live through the softmax), and with the descriptors rebuilt it gained
+  // 0-3 % but racecheck reported a hazard on split tiles (benchmarks/results/README.md).
   static constexpr bool kKeepsRowMax = kHeadDim < 256;
 
   using TileQ = Shape<Int<kRowsPerConsumer>, Int<kHeadDim>>;  // one consumer's Q (and O) rows
