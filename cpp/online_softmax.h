@@ -65,14 +65,7 @@ struct OnlineSoftmax {
       correction[r] = fast_exp2(row_max[r] * scale_log2 - max_scaled);
       row_sum[r] *= correction[r];
       row_max[r] = block_max;
-      float sum = 0.f;
-      CUTE_UNROLL
-      for (int c = 0; c < cute::size<1>(scores_rc); ++c) {
-        const float p = fast_exp2(fmaf(scores_rc(r, c), scale_log2, -max_scaled));
-        scores_rc(r, c) = p;
-        sum += p;
-      }
-      row_sum[r] += sum;
+      row_sum[r] += exp2_row(scores_rc, r, max_scaled);
     }
   }
 
@@ -92,16 +85,8 @@ struct OnlineSoftmax {
     bool fits = true;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      const float max_scaled = row_max[r] * scale_log2;
-      float sum = 0.f;
-      CUTE_UNROLL
-      for (int c = 0; c < cute::size<1>(scores_rc); ++c) {
-        const float p = fast_exp2(fmaf(scores_rc(r, c), scale_log2, -max_scaled));
-        scores_rc(r, c) = p;
-        sum += p;
-      }
-      block_sum[r] = sum;
-      fits = fits && row_max[r] != -INFINITY && sum <= kKeptMaxSumLimit;  // a NaN sum fails
+      block_sum[r] = exp2_row(scores_rc, r, row_max[r] * scale_log2);
+      fits = fits && row_max[r] != -INFINITY && block_sum[r] <= kKeptMaxSumLimit;  // a NaN sum fails
     }
     return fits;
   }
@@ -109,6 +94,19 @@ struct OnlineSoftmax {
   CUTE_DEVICE void add_block_sums(const float (&block_sum)[kRows]) {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) row_sum[r] += block_sum[r];
+  }
+
+  // Row r's scores replaced by exp2(s · scale_log2 - max_scaled); returns their sum.
+  template <class Scores>
+  CUTE_DEVICE float exp2_row(Scores& scores_rc, int r, float max_scaled) const {
+    float sum = 0.f;
+    CUTE_UNROLL
+    for (int c = 0; c < cute::size<1>(scores_rc); ++c) {
+      const float p = fast_exp2(fmaf(scores_rc(r, c), scale_log2, -max_scaled));
+      scores_rc(r, c) = p;
+      sum += p;
+    }
+    return sum;
   }
 
   template <class Acc>
