@@ -168,11 +168,15 @@ def test_forward_split_plan_keeps_short_or_even_waves_whole(units, key_blocks, s
      (128, 1024, 8191, False, (128, 2)), (128, 16384, 16384, True, (176, 2)),
      (128, 16384, 16383, True, (128, 2)), (128, 700, 9000, True, (176, 2)),
      (128, 20000, 8192, True, (128, 2)), (64, 1, 100000, False, (128, 3)),
-     (256, 1, 100000, False, (80, 2)), (96, 1, 100000, True, (128, 2))],
+     (256, 1, 100000, False, (80, 2)), (96, 1, 100000, True, (128, 2)),
+     (64, 512, 512, True, (64, 3)), (64, 1024, 1024, True, (64, 3)), (64, 1026, 1026, True, (128, 3)),
+     (64, 1, 512, True, (64, 3)), (64, 1, 513, True, (128, 3)), (64, 3000, 1000, True, (64, 3)),
+     (64, 512, 512, False, (128, 3)), (128, 512, 512, True, (128, 2)), (256, 512, 512, True, (80, 2))],
 )
-def test_forward_tile_for_long_keys(headdim, seqlen_q, seqlen_k, causal, tile):
-    """hd 128 takes its 176-key tile once its rows see 8192 keys on average (causal rows see
-    seqlen_k - seqlen_q / 2); other head dims keep one tile."""
+def test_forward_second_tile(headdim, seqlen_q, seqlen_k, causal, tile):
+    """hd 128 takes its 176-key tile once its rows see 8192 keys on average, causal hd 64 its
+    64-key tile while they see at most 512 (causal rows see seqlen_k - seqlen_q / 2); other head
+    dims keep one tile."""
     ext = pytest.importorskip("flashcute._C")
     assert tuple(ext._forward_tile(headdim, seqlen_q, seqlen_k, causal)) == tile
 

@@ -371,6 +371,23 @@ def test_long_key_tile(gen, dtype, batch, seqlen_q, seqlen_k, nheads, nheads_kv,
     run_checked(q, k, v, causal=causal, backend="hopper")
 
 
+@pytest.mark.skipif(64 not in SUPPORT.get("hopper", ([], []))[0],
+                    reason="no Hopper-path hd 64 kernel on this GPU")
+@pytest.mark.parametrize("dtype", SUPPORT.get("hopper", ([], ALL_DTYPES))[1])
+@pytest.mark.parametrize("batch, seqlen_q, seqlen_k, nheads, nheads_kv",
+                         [(3, 1024, 1024, 6, 2), (2, 333, 600, 4, 4), (2, 1100, 333, 6, 3),
+                          (1, 17, 300, 2, 1), (40, 129, 129, 3, 1)])
+def test_short_causal_tile(gen, dtype, batch, seqlen_q, seqlen_k, nheads, nheads_kv):
+    """Causal hd 64 whose rows see at most 512 keys on average runs 64-key blocks in four
+    stages: exactly at the bound (1024 x 1024), a key tail inside a block (600, 333, 129),
+    seqlen_q > seqlen_k (rows without keys), GQA, and many tiles per CTA (40 x 3 heads)."""
+    from flashcute._build_info import load_extension
+
+    assert tuple(load_extension()._forward_tile(64, seqlen_q, seqlen_k, True)) == (64, 3)
+    q, k, v = make_qkv(gen, batch, seqlen_q, seqlen_k, nheads, nheads_kv, 64, dtype)
+    run_checked(q, k, v, causal=True, backend="hopper")
+
+
 @pytest.mark.parametrize("backend, headdim, dtype", _per_backend())
 @pytest.mark.parametrize("seqlen_q, seqlen_k", [(100, 100), (333, 1000), (1000, 333), (1100, 1100)])
 def test_causal_partial_tile_keeps_guard_rows(gen, backend, headdim, dtype, seqlen_q, seqlen_k):

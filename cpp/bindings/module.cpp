@@ -247,7 +247,7 @@ std::tuple<int, int, int, std::vector<int>, std::vector<std::vector<int>>> forwa
 std::tuple<int, int> forward_tile(int headdim, int seqlen_q, int seqlen_k, bool causal) {
   namespace hopper = flashcute::hopper;
   const hopper::FwdTileSize tile =
-      hopper::fwd_tile_size(headdim, hopper::fwd_long_keys(headdim, seqlen_q, seqlen_k, causal));
+      hopper::fwd_tile_size(headdim, hopper::fwd_second_tile(headdim, seqlen_q, seqlen_k, causal));
   return {tile.block_n, tile.consumers};
 }
 
@@ -258,7 +258,7 @@ int forward_packed_heads(int nheads, int nheads_kv, int seqlen_q, int seqlen_k, 
   p.seqlen_q = seqlen_q, p.seqlen_k = seqlen_k, p.nheads = nheads, p.causal = causal;
   p.heads_per_kv = nheads_kv > 0 ? nheads / nheads_kv : 1;
   const hopper::FwdTileSize tile =
-      hopper::fwd_tile_size(headdim, hopper::fwd_long_keys(headdim, seqlen_q, seqlen_k, causal));
+      hopper::fwd_tile_size(headdim, hopper::fwd_second_tile(headdim, seqlen_q, seqlen_k, causal));
   return hopper::fwd_packed_heads(p, headdim, 64 * tile.consumers);
 }
 

@@ -1,5 +1,6 @@
 // Hopper-path tile shape per head dim: keys per block, K/V pipeline stages, consumer
-// warpgroups (64 query rows each); hd 128 has a second one for long key ranges. Chosen by
+// warpgroups (64 query rows each); hd 64 has a second one for short causal calls, hd 128 for
+// long key ranges. Chosen by
 // measurement on H200 (see benchmarks/results/README.md); FLASHCUTE_HOPPER_TILES overrides
 // the first ones for tuning. Key blocks such as 80 rely on CuTe's extended WGMMA shapes
 // (CMakeLists.txt). Plain C++: the host API sizes the forward's workspace from these values.
@@ -22,9 +23,16 @@
 #ifndef FLASHCUTE_HOPPER_TILE_256
 #define FLASHCUTE_HOPPER_TILE_256 80, 2, 2
 #endif
-// hd 128 where the query rows see many keys (fwd_long_keys): wider key blocks, so the fixed work
-// of a block (barriers, O rescale, row max and sum shuffles) is spread over more keys. Measured
-// +4 % at 8k and 16k keys; at 2k the masked keys of the partial last block cost 2-5 %.
+// hd 64 where causal rows see few keys (fwd_second_tile): 64-key blocks halve the masked keys
+// a consumer computes on the diagonal, which are a large part of such a walk (two to four
+// blocks of 128 keys), and four stages keep the shorter blocks coming. Measured -5 % time at
+// causal 512, -2 to -3 % at 768 and 1k, +2 to +3 % from 1.5k on.
+#ifndef FLASHCUTE_HOPPER_TILE_64_SHORT_CAUSAL
+#define FLASHCUTE_HOPPER_TILE_64_SHORT_CAUSAL 64, 4, 3
+#endif
+// hd 128 where the query rows see many keys (fwd_second_tile): wider key blocks, so the fixed
+// work of a block (barriers, O rescale, row max and sum shuffles) is spread over more keys.
+// Measured +4 % at 8k and 16k keys; at 2k the masked keys of the partial last block cost 2-5 %.
 #ifndef FLASHCUTE_HOPPER_TILE_128_LONG_KEYS
 #define FLASHCUTE_HOPPER_TILE_128_LONG_KEYS 176, 2, 2
 #endif
@@ -41,27 +49,35 @@ template <> struct FwdTileShape<128> : FwdTileValues<FLASHCUTE_HOPPER_TILE_128> 
 template <> struct FwdTileShape<192> : FwdTileValues<FLASHCUTE_HOPPER_TILE_192> {};
 template <> struct FwdTileShape<256> : FwdTileValues<FLASHCUTE_HOPPER_TILE_256> {};
 
-// The second tile shape of a head dim for long key ranges; only hd 128 has one.
-template <int kHeadDim> struct FwdLongKeysTileShape;
-template <> struct FwdLongKeysTileShape<128> : FwdTileValues<FLASHCUTE_HOPPER_TILE_128_LONG_KEYS> {};
-constexpr bool fwd_has_long_keys_tile(int headdim) { return headdim == 128; }
+// The second tile shape of a head dim: hd 64 for short causal calls, hd 128 for long key ranges.
+template <int kHeadDim> struct FwdSecondTileShape;
+template <> struct FwdSecondTileShape<64> : FwdTileValues<FLASHCUTE_HOPPER_TILE_64_SHORT_CAUSAL> {};
+template <> struct FwdSecondTileShape<128> : FwdTileValues<FLASHCUTE_HOPPER_TILE_128_LONG_KEYS> {};
+constexpr bool fwd_has_second_tile(int headdim) { return headdim == 64 || headdim == 128; }
 
-// Mean keys per query row from which a call takes the long-key tile.
+// Mean keys per query row up to which a causal hd 64 call takes the short-causal tile, and from
+// which an hd 128 call takes the long-key tile.
+constexpr int kFwdShortCausalKeys = 512;
 constexpr int kFwdLongKeys = 8192;
 
-// Whether a call takes its head dim's long-key tile. A causal row sees seqlen_k - seqlen_q / 2
+// Whether a call takes its head dim's second tile. A causal row sees seqlen_k - seqlen_q / 2
 // keys on average (fewer when seqlen_q > seqlen_k: the estimate then stays low).
-constexpr bool fwd_long_keys(int headdim, int seqlen_q, int seqlen_k, bool causal) {
-  return fwd_has_long_keys_tile(headdim) && (causal ? seqlen_k - seqlen_q / 2 : seqlen_k) >= kFwdLongKeys;
+constexpr bool fwd_second_tile(int headdim, int seqlen_q, int seqlen_k, bool causal) {
+  const int mean_keys = causal ? seqlen_k - seqlen_q / 2 : seqlen_k;
+  return headdim == 64    ? causal && mean_keys <= kFwdShortCausalKeys
+         : headdim == 128 ? mean_keys >= kFwdLongKeys
+                          : false;
 }
 
 // Keys per block and consumer warpgroups of a head dim's tile (0, 0 for other head dims).
 struct FwdTileSize {
   int block_n, consumers;
 };
-constexpr FwdTileSize fwd_tile_size(int headdim, bool long_keys = false) {
-  if (long_keys && fwd_has_long_keys_tile(headdim))
-    return FwdTileSize{FwdLongKeysTileShape<128>::kBlockN_, FwdLongKeysTileShape<128>::kConsumers_};
+constexpr FwdTileSize fwd_tile_size(int headdim, bool second_tile = false) {
+  if (second_tile && headdim == 64)
+    return FwdTileSize{FwdSecondTileShape<64>::kBlockN_, FwdSecondTileShape<64>::kConsumers_};
+  if (second_tile && headdim == 128)
+    return FwdTileSize{FwdSecondTileShape<128>::kBlockN_, FwdSecondTileShape<128>::kConsumers_};
   return headdim == 64    ? FwdTileSize{FwdTileShape<64>::kBlockN_, FwdTileShape<64>::kConsumers_}
          : headdim == 96  ? FwdTileSize{FwdTileShape<96>::kBlockN_, FwdTileShape<96>::kConsumers_}
          : headdim == 128 ? FwdTileSize{FwdTileShape<128>::kBlockN_, FwdTileShape<128>::kConsumers_}

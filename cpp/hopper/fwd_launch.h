@@ -68,9 +68,9 @@ Status encode_packed_rows(cute::TmaDescriptor* map, const void* ptr, int headdim
   return Status{};
 }
 
-template <class Element, int kHeadDim, bool kLongKeys>
+template <class Element, int kHeadDim, bool kSecondTile>
 Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
-  using Traits = FwdTraitsFor<Element, kHeadDim, kLongKeys>;
+  using Traits = FwdTraitsFor<Element, kHeadDim, kSecondTile>;
   // The kernel runs the packed call where query heads are packed; Q and O keep the caller's shapes.
   const int packed = fwd_packed_heads(call, kHeadDim, Traits::kBlockM);
   const FwdKernelParams p = fwd_packed_view(call, packed);
@@ -174,8 +174,8 @@ Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
   int grid = std::min(kp.schedule.num_units, sm_count);
 
   // The last wave shared by all CTAs, where it pays and the caller gave the workspace for it.
-  static_assert(fwd_tile_size(kHeadDim, kLongKeys).consumers == Traits::kConsumers &&
-                fwd_tile_size(kHeadDim, kLongKeys).block_n == Traits::kBlockN);
+  static_assert(fwd_tile_size(kHeadDim, kSecondTile).consumers == Traits::kConsumers &&
+                fwd_tile_size(kHeadDim, kSecondTile).block_n == Traits::kBlockN);
   const FwdSplitPlan split = plan_fwd_split(call, kHeadDim, sm_count);
   if (split.split.tiles > 0 && p.workspace != nullptr && p.workspace_bytes >= split.workspace.bytes) {
     kp.schedule.split = split.split;
@@ -206,13 +206,13 @@ Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
   return cuda_status(cudaGetLastError(), "hopper forward launch");
 }
 
-// A head dim's launcher: its long-key tile where it has one and the call's rows see many keys
-// (fwd_config.h), else its tile. The split plan and the host's workspace size make the same
-// choice through fwd_long_keys.
+// A head dim's launcher: its second tile where it has one and the call asks for it (hd 64: short
+// causal calls, hd 128: long key ranges; fwd_config.h), else its tile. The split plan and the
+// host's workspace size make the same choice through fwd_second_tile.
 template <class Element, int kHeadDim>
 Status run_fwd(const FwdKernelParams& p, cudaStream_t stream) {
-  if constexpr (fwd_has_long_keys_tile(kHeadDim)) {
-    if (fwd_long_keys(kHeadDim, p.seqlen_q, p.seqlen_k, p.causal))
+  if constexpr (fwd_has_second_tile(kHeadDim)) {
+    if (fwd_second_tile(kHeadDim, p.seqlen_q, p.seqlen_k, p.causal))
       return run_fwd_tiles<Element, kHeadDim, true>(p, stream);
   }
   return run_fwd_tiles<Element, kHeadDim, false>(p, stream);

@@ -22,7 +22,7 @@ struct FwdSplitPlan {
 inline FwdSplitPlan plan_fwd_split(const FwdKernelParams& call, int headdim, int sms) {
   FwdSplitPlan plan;
   const FwdTileSize tile =
-      fwd_tile_size(headdim, fwd_long_keys(headdim, call.seqlen_q, call.seqlen_k, call.causal));
+      fwd_tile_size(headdim, fwd_second_tile(headdim, call.seqlen_q, call.seqlen_k, call.causal));
   const int block_m = 64 * tile.consumers;
   const FwdKernelParams p = fwd_packed_view(call, fwd_packed_heads(call, headdim, block_m));
   if (tile.consumers == 0 || p.causal || p.seqlen_q <= 0 || p.seqlen_k <= 0 || p.batch <= 0 || p.nheads <= 0)

@@ -108,8 +108,8 @@ struct FwdTraits {
   static_assert(kSmemBytes <= kSmemLimit, "tile does not fit in shared memory");
 };
 
-template <class Element, int kHeadDim, bool kLongKeys = false,
-          class Shape = std::conditional_t<kLongKeys, FwdLongKeysTileShape<kHeadDim>, FwdTileShape<kHeadDim>>>
+template <class Element, int kHeadDim, bool kSecondTile = false,
+          class Shape = std::conditional_t<kSecondTile, FwdSecondTileShape<kHeadDim>, FwdTileShape<kHeadDim>>>
 using FwdTraitsFor = FwdTraits<Element, kHeadDim, Shape::kBlockN_, Shape::kStages_, Shape::kConsumers_>;
 
 }  // namespace flashcute::hopper
