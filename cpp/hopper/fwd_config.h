@@ -1,9 +1,9 @@
 // Hopper-path tile shape per head dim: keys per block, K/V pipeline stages, consumer
 // warpgroups (64 query rows each); hd 64 has a second one for short causal calls, hd 128 for
-// long key ranges. Chosen by
-// measurement on H200 (see benchmarks/results/README.md); FLASHCUTE_HOPPER_TILES overrides
-// the first ones for tuning. Key blocks such as 80 rely on CuTe's extended WGMMA shapes
-// (CMakeLists.txt). Plain C++: the host API sizes the forward's workspace from these values.
+// long key ranges. Chosen by measurement on H200 (see benchmarks/results/README.md);
+// FLASHCUTE_HOPPER_TILES overrides the first ones for tuning. Key blocks such as 80 rely on
+// CuTe's extended WGMMA shapes (CMakeLists.txt). Plain C++: the host API sizes the forward's
+// workspace from these values.
 #pragma once
 
 #include "hopper_tile_overrides.h"  // generated
@@ -26,7 +26,7 @@
 // hd 64 where causal rows see few keys (fwd_second_tile): 64-key blocks halve the masked keys
 // a consumer computes on the diagonal, which are a large part of such a walk (two to four
 // blocks of 128 keys), and four stages keep the shorter blocks coming. Measured -5 % time at
-// causal 512, -2 to -3 % at 768 and 1k, +2 to +3 % from 1.5k on.
+// causal 512, -0.5 to -3 % at 768 and 1k, +2 to +6 % from 1.5k on.
 #ifndef FLASHCUTE_HOPPER_TILE_64_SHORT_CAUSAL
 #define FLASHCUTE_HOPPER_TILE_64_SHORT_CAUSAL 64, 4, 3
 #endif
