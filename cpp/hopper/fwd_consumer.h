@@ -83,6 +83,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
   FwdEpilogue<Traits> epilogue(params, storage, consumer);
   cutlass::PipelineState<Traits::kStages> k_state, v_state;
   int iteration = 0;
+  unsigned split_last = 0;  // bit p: this CTA counted piece p of its split tiles last
   TileWalk walk(params.schedule);
   for (; walk.valid(); walk.advance(), ++iteration) {
     const FwdTile tile = walk.tile();
@@ -150,16 +151,29 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
         wgmma_issue<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), acc_o);
         turns.pass();
         warpgroup_wait<1>();
-        // Unmasked blocks keep the row max where the weights stay small (Traits::kKeepsRowMax,
-        // online_softmax.h); otherwise S is computed again and goes through the full update.
-        constexpr bool kKeepMax = !decltype(masked)::value && Traits::kKeepsRowMax;
+        // Unmasked blocks keep the row max where the weights stay small (online_softmax.h);
+        // otherwise S is computed again and goes through the full update.
+        constexpr bool kKeepMax = !decltype(masked)::value;
         bool max_kept = false;
         float block_sum[kThreadRows];
         if constexpr (kKeepMax) {
           Tensor acc_s_rc = rowcol_view(acc_s);
-          max_kept = all_of_warpgroup(softmax.exp2_against_kept_max(acc_s_rc, block_sum),
-                                      int(FwdBarrier::kKeptMax0) + consumer);
-          if (!max_kept) wgmma_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
+          max_kept = all_of_threads(softmax.exp2_against_kept_max(acc_s_rc, block_sum),
+                                    int(FwdBarrier::kKeptMax0) + consumer, 128);
+          if (!max_kept && Traits::kHeadDim < 256) {
+            wgmma_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
+          } else if (!max_kept) {
+            // hd 256: the descriptors made afresh from opaque addresses. Reused from the issue
+            // above, they stay live through the softmax and ptxas spills; rebuilt at the smaller
+            // head dims, they cost the kept-max path 7-10 instructions.
+            Element* q_ptr = storage.q.data();
+            Element* k_ptr = storage.k.data();
+            asm volatile("" : "+l"(q_ptr), "+l"(k_ptr));
+            Tensor sQ_again = make_tensor(make_smem_ptr(q_ptr), typename Traits::SmemLayoutQ{})(_, _, consumer);
+            Tensor sK_again = make_tensor(make_smem_ptr(k_ptr), typename Traits::SmemLayoutKV{});
+            wgmma_issue<true>(mma_qk, thr_qk.partition_fragment_A(sQ_again),
+                              thr_qk.partition_fragment_B(sK_again)(_, _, _, k_state.index()), acc_s);
+          }
         }
         if (max_kept) {
           pipeline_k.consumer_release(k_state);
@@ -198,8 +212,8 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
     // A piece of a split tile leaves its state; the CTA whose piece finishes the tile merges
     // and stores it below, after its own pieces.
     if (tile.split >= 0) {
-      leave_split_piece(params, storage, consumer, tile, walk.piece, acc_o_rc, softmax, warp_has_rows(consumer_row0),
-                        few_rows(row0));
+      if (leave_split_piece(params, consumer, tile, acc_o_rc, softmax, warp_has_rows(consumer_row0), few_rows(row0)))
+        split_last |= 1u << walk.piece;
       if constexpr (Traits::kOAliasesQ) {
         if (tid == 0) storage.q_empty.arrive();  // no O was staged in Q's buffer
       }
@@ -209,10 +223,9 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
     softmax.finalize(acc_o_rc, lse);
     epilogue.store(acc_o, lse, tile, consumer_row0, thr_pv);
   }
-  // Split tiles this CTA counted last: merged from every piece's state, stored as above. (With
-  // pieces the CTA has passed leave_split_piece's barriers, so the flags are set.)
+  // Split tiles this CTA counted last: merged from every piece's state, stored as above.
   for (int piece = 0; piece < walk.pieces; ++piece) {
-    if (!storage.split_last[piece]) continue;
+    if (!(split_last >> piece & 1)) continue;
     const FwdTile tile = walk.piece_tile(piece);
     const int row0 = tile_row0(params, tile.m_block);
     if (few_rows(row0)) {

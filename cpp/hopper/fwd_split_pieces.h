@@ -49,13 +49,13 @@ struct PieceStates {
 
 // A piece's end, in every consumer thread after its last P·V has completed: its state goes to
 // the workspace (none from a warp without query rows: a short seqlen_q) and the CTA counts
-// the piece done. storage.split_last[piece] then says whether this CTA counted last, so that it
+// the piece done. Returns, in every consumer thread, whether this CTA counted last, so that it
 // merges and stores the tile (merge_split_pieces) once its pieces are done: the merge stays out
 // of the tile loop, whose registers it would crowd.
 template <class Traits, class AccRc, int kRows>
-CUTE_DEVICE void leave_split_piece(FwdParams<Traits> const& params, typename Traits::SharedStorage& storage,
-                                   int consumer, FwdTile const& tile, int piece, AccRc const& acc_rc,
-                                   OnlineSoftmax<kRows> const& softmax, bool has_rows, bool few_rows) {
+CUTE_DEVICE bool leave_split_piece(FwdParams<Traits> const& params, int consumer, FwdTile const& tile,
+                                   AccRc const& acc_rc, OnlineSoftmax<kRows> const& softmax, bool has_rows,
+                                   bool few_rows) {
   constexpr int kCols = decltype(cute::size<1>(acc_rc))::value;
   using States = PieceStates<Traits, kRows, kCols>;
   if (has_rows) {  // a warp whose rows all lie outside [0, seqlen_q) leaves nothing
@@ -77,14 +77,16 @@ CUTE_DEVICE void leave_split_piece(FwdParams<Traits> const& params, typename Tra
   // The barrier orders every thread's stores before thread 0's release (count_arrive), which
   // the counting CTA that reads them acquires.
   named_barrier_sync(int(FwdBarrier::kSplitCount), 128 * Traits::kConsumers);
+  bool counted_last = false;
   if (consumer == 0 && threadIdx.x % 128 == 0) {
     FwdTailSplit const& split = params.schedule.split;
     // Under CUDA-graph capture the counts are zeroed by the grid this one follows as its
     // programmatic dependent (fwd_zero_split_counts): wait for it. A no-op otherwise.
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    storage.split_last[piece] = count_arrive(params.split_count + tile.split) == split.parts(tile.split) - 1;
+    counted_last = count_arrive(params.split_count + tile.split) == split.parts(tile.split) - 1;
   }
-  named_barrier_sync(int(FwdBarrier::kSplitCount), 128 * Traits::kConsumers);
+  // Thread 0's answer to every consumer thread, in registers.
+  return any_of_threads(counted_last, int(FwdBarrier::kSplitCount), 128 * Traits::kConsumers);
 }
 
 // The tile of a piece that counted last: every piece's state is read back (this CTA's own

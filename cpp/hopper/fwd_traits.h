@@ -36,12 +36,6 @@ struct FwdTraits {
   static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= (65536 / kThreads) / 8 * 8 * kThreads,
                 "producer + consumer registers exceed the CTA's allocation");
 
-  // The unmasked key blocks keep each row's max while the weights stay small (fwd_consumer.h).
-  // hd 256 always searches the max: with the path that computes S again it spills (the
-  // descriptors stay live through the softmax), and with the descriptors rebuilt it gained
-  // 0-3 % but racecheck reported a hazard on split tiles (benchmarks/results/README.md).
-  static constexpr bool kKeepsRowMax = kHeadDim < 256;
-
   using TileQ = Shape<Int<kRowsPerConsumer>, Int<kHeadDim>>;  // one consumer's Q (and O) rows
   using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
   using TileS = Shape<Int<kRowsPerConsumer>, Int<kBlockN>>;
@@ -102,7 +96,6 @@ struct FwdTraits {
     cutlass::arch::ClusterTransactionBarrier q_full;  // Q of the current tile landed
     cutlass::arch::ClusterBarrier q_empty;            // consumers are done with Q's buffer
     cutlass::arch::ClusterBarrier o_empty;            // O in V's buffer: the O stores have read it
-    int split_last[2];  // per piece of a split tile: this CTA counted last (fwd_split_pieces.h)
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= kSmemLimit, "tile does not fit in shared memory");

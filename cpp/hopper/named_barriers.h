@@ -48,14 +48,25 @@ struct MmaTurns {
   }
 };
 
-// Whether `value` holds in every thread of the 128 that meet at barrier `id`.
-CUTE_DEVICE bool all_of_warpgroup(bool value, int id) {
+// Whether `value` holds in every thread (all_of_threads) or in any thread (any_of_threads) of
+// the `threads` that meet at barrier `id`.
+CUTE_DEVICE bool all_of_threads(bool value, int id, int threads) {
   int result;
   asm volatile(
-      "{\n .reg .pred p, q;\n setp.ne.b32 p, %1, 0;\n bar.red.and.pred q, %2, 128, p;\n"
+      "{\n .reg .pred p, q;\n setp.ne.b32 p, %1, 0;\n bar.red.and.pred q, %2, %3, p;\n"
       " selp.b32 %0, 1, 0, q;\n}"
       : "=r"(result)
-      : "r"(int(value)), "r"(id));
+      : "r"(int(value)), "r"(id), "r"(threads));
+  return result != 0;
+}
+
+CUTE_DEVICE bool any_of_threads(bool value, int id, int threads) {
+  int result;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.b32 p, %1, 0;\n bar.red.or.pred q, %2, %3, p;\n"
+      " selp.b32 %0, 1, 0, q;\n}"
+      : "=r"(result)
+      : "r"(int(value)), "r"(id), "r"(threads));
   return result != 0;
 }
 
