@@ -49,7 +49,9 @@ struct MmaTurns {
 };
 
 // Whether `value` holds in every thread (all_of_threads) or in any thread (any_of_threads) of
-// the `threads` that meet at barrier `id`.
+// the `threads` that meet at barrier `id`. Like bar.sync, bar.red orders the participants'
+// earlier memory accesses before their later ones; any_of_threads also tells the compiler so
+// (it stands where a bar.sync did), all_of_threads, on the softmax's hot path, does not.
 CUTE_DEVICE bool all_of_threads(bool value, int id, int threads) {
   int result;
   asm volatile(
@@ -66,7 +68,8 @@ CUTE_DEVICE bool any_of_threads(bool value, int id, int threads) {
       "{\n .reg .pred p, q;\n setp.ne.b32 p, %1, 0;\n bar.red.or.pred q, %2, %3, p;\n"
       " selp.b32 %0, 1, 0, q;\n}"
       : "=r"(result)
-      : "r"(int(value)), "r"(id), "r"(threads));
+      : "r"(int(value)), "r"(id), "r"(threads)
+      : "memory");
   return result != 0;
 }
 
