@@ -5,7 +5,8 @@ its power limit. Long attention jobs run at the limit, where the clock drops unt
 draws its cap, so there throughput is the work done per joule. This script runs each
 implementation back to back for a few seconds per grid point (after the card has idled for
 a second), reads the board's energy counter and SM clock through NVML, and prints
-TFLOP/s, watts, mean SM clock, TFLOP per joule, and the ratios flashcute / SDPA cuDNN.
+TFLOP/s, watts, mean SM clock, TFLOP per joule, and the ratios flashcute (its Hopper path) /
+SDPA cuDNN.
 Rounds alternate the order of the implementations.
 
     python benchmarks/sustained_power.py [--points 256n4096,128n2048] [--seconds 3]
@@ -143,8 +144,8 @@ def main() -> int:
                         help="time the backward pass (2.5x the forward FLOPs)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        parser.error("needs a CUDA GPU")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        parser.error("needs an sm90 GPU (H100/H200): it times flashcute's Hopper path")
     nvml = Nvml()
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  "
           f"{'backward' if args.backward else 'forward'}: {args.seconds:g} s of back-to-back calls "
