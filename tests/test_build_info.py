@@ -164,19 +164,18 @@ def test_forward_split_plan_keeps_short_or_even_waves_whole(units, key_blocks, s
 
 @pytest.mark.parametrize(
     "headdim, seqlen_q, seqlen_k, causal, tile",
-    [(128, 1024, 8192, False, (176, 2)), (128, 1, 100000, False, (176, 2)),
-     (128, 1024, 8191, False, (128, 2)), (128, 16384, 16384, True, (176, 2)),
-     (128, 16384, 16383, True, (128, 2)), (128, 700, 9000, True, (176, 2)),
-     (128, 20000, 8192, True, (128, 2)), (64, 1, 100000, False, (128, 3)),
+    [(128, 1024, 8192, False, (64, 3)), (128, 1, 100000, False, (64, 3)),
+     (128, 1024, 8191, False, (64, 3)), (128, 16384, 16384, True, (64, 3)),
+     (128, 16384, 16383, True, (64, 3)), (128, 700, 9000, True, (64, 3)),
+     (128, 20000, 8192, True, (64, 3)), (64, 1, 100000, False, (128, 3)),
      (256, 1, 100000, False, (80, 2)), (96, 1, 100000, True, (128, 2)),
      (64, 512, 512, True, (64, 3)), (64, 1024, 1024, True, (64, 3)), (64, 1026, 1026, True, (128, 3)),
      (64, 1, 512, True, (64, 3)), (64, 1, 513, True, (128, 3)), (64, 3000, 1000, True, (64, 3)),
-     (64, 512, 512, False, (128, 3)), (128, 512, 512, True, (128, 2)), (256, 512, 512, True, (80, 2))],
+     (64, 512, 512, False, (128, 3)), (128, 512, 512, True, (64, 3)), (256, 512, 512, True, (80, 2))],
 )
 def test_forward_second_tile(headdim, seqlen_q, seqlen_k, causal, tile):
-    """hd 128 takes its 176-key tile once its rows see 8192 keys on average, causal hd 64 its
-    64-key tile while they see at most 512 (causal rows see seqlen_k - seqlen_q / 2); other head
-    dims keep one tile."""
+    """Causal hd 64 takes its 64-key tile while its rows see at most 512 keys on average (causal
+    rows see seqlen_k - seqlen_q / 2); other head dims keep one tile, hd 128 at every key range."""
     ext = pytest.importorskip("flashcute._C")
     assert tuple(ext._forward_tile(headdim, seqlen_q, seqlen_k, causal)) == tile
 
@@ -185,14 +184,15 @@ def test_forward_second_tile(headdim, seqlen_q, seqlen_k, causal, tile):
     "nheads, nheads_kv, seqlen_q, seqlen_k, headdim, causal, packed",
     [(32, 8, 1, 30000, 128, False, 4), (8, 2, 1, 333, 128, True, 4), (64, 1, 1, 17, 64, True, 64),
      (16, 2, 5, 1000, 256, False, 8), (12, 3, 40, 700, 128, False, 4), (8, 4, 40, 700, 128, False, 2),
-     (8, 2, 100, 700, 128, False, 1), (8, 2, 100, 700, 64, False, 4), (6, 2, 3, 5000, 128, False, 1),
+     (8, 2, 100, 700, 128, False, 4), (8, 2, 150, 700, 128, False, 1),
+     (8, 2, 100, 700, 64, False, 4), (6, 2, 3, 5000, 128, False, 1),
      (32, 2, 7, 4000, 128, True, 1), (32, 8, 1, 4000, 96, False, 1), (128, 1, 1, 4000, 128, False, 1),
      (16, 16, 1, 4000, 128, False, 1)],
 )
 def test_forward_packs_query_heads(nheads, nheads_kv, seqlen_q, seqlen_k, headdim, causal, packed):
     """The Hopper forward packs a group's G query heads into a tile's rows only where G divides
     64, the head dim is a multiple of 64, no causal mask applies (or one query row), and packing
-    needs fewer query tiles (hd 128 tiles hold 128 rows, hd 64 tiles 192)."""
+    needs fewer query tiles (hd 64 and 128 tiles hold 192 rows, hd 256 tiles 128)."""
     ext = pytest.importorskip("flashcute._C")
     assert ext._forward_packed_heads(nheads, nheads_kv, seqlen_q, seqlen_k, headdim, causal) == packed
 

@@ -360,13 +360,13 @@ def test_many_tiles_per_cta(gen, backend, headdim, dtype, causal, batch, seqlen_
 @pytest.mark.parametrize("batch, seqlen_q, seqlen_k, nheads, nheads_kv, causal",
                          [(2, 333, 8500, 4, 2, False), (1, 64, 8448, 3, 3, False),
                           (1, 700, 9000, 4, 2, True), (1, 200, 8300, 6, 1, True)])
-def test_long_key_tile(gen, dtype, batch, seqlen_q, seqlen_k, nheads, nheads_kv, causal):
-    """hd 128 with 8192 or more keys per row on average runs 176-key blocks: a masked key
-    tail (8500, 8300) or none (8448 = 48 blocks), causal rows whose diagonal falls inside a
-    block, GQA."""
+def test_hd128_long_keys(gen, dtype, batch, seqlen_q, seqlen_k, nheads, nheads_kv, causal):
+    """hd 128 with 8192 or more keys per row on average keeps its one tile (64-key blocks, three
+    consumers): a masked key tail (8500, 8300) or none (8448 = 132 blocks), causal rows whose
+    diagonal falls inside a block, GQA."""
     from flashcute._build_info import load_extension
 
-    assert tuple(load_extension()._forward_tile(128, seqlen_q, seqlen_k, causal)) == (176, 2)
+    assert tuple(load_extension()._forward_tile(128, seqlen_q, seqlen_k, causal)) == (64, 3)
     q, k, v = make_qkv(gen, batch, seqlen_q, seqlen_k, nheads, nheads_kv, 128, dtype)
     run_checked(q, k, v, causal=causal, backend="hopper")
 
@@ -442,11 +442,11 @@ def test_split_last_wave(gen, headdim, dtype, batch, seqlen_q, seqlen_k, nheads,
 # Grouped-query calls with few query rows (batch, seqlen_q, seqlen_k, nheads, nheads_kv, causal):
 # the Hopper path packs the query heads of a group into a tile's rows where the group size
 # divides 64 (decoding, causal with one row, a long cache that is also split, 2 to 64 heads per
-# group, packed rows over two tiles), and keeps groups it cannot pack (3 heads; causal with 7
-# rows) unpacked.
+# group, packed rows over two or three tiles), and keeps groups it cannot pack (3 heads; causal
+# with 7 rows) unpacked.
 _PACKED_SHAPES = [(2, 1, 333, 8, 2, True), (1, 1, 30000, 32, 8, False), (3, 5, 1000, 16, 2, False),
                   (2, 17, 2049, 4, 2, False), (1, 1, 17, 64, 1, True), (2, 40, 700, 12, 3, False),
-                  (1, 3, 5000, 6, 2, False), (2, 7, 4000, 32, 2, True)]
+                  (1, 3, 5000, 6, 2, False), (2, 7, 4000, 32, 2, True), (2, 100, 700, 8, 2, False)]
 
 
 @pytest.mark.parametrize("headdim, dtype", [(hd, dt) for hd in _HOPPER[0] for dt in _HOPPER[1]])

@@ -1,6 +1,10 @@
 // Hopper-path tile shape per head dim: keys per block, K/V pipeline stages, consumer
-// warpgroups (64 query rows each); hd 64 has a second one for short causal calls, hd 128 for
-// long key ranges. Chosen by measurement on H200 (see benchmarks/results/README.md);
+// warpgroups (64 query rows each); hd 64 has a second one for short causal calls. hd 64 and
+// 128 take three consumers, so a K/V block read from L2 serves 192 query rows (a third less L2
+// traffic per FLOP); hd 128 then needs 64-key blocks to fit 160 registers per consumer thread
+// (96 keys spill), and beats at every key range the 176-key, two-consumer tile it once took
+// for long ones. Chosen by measurement on H200 (see
+// benchmarks/results/README.md);
 // FLASHCUTE_HOPPER_TILES overrides the first ones for tuning. Key blocks such as 80 rely on
 // CuTe's extended WGMMA shapes (CMakeLists.txt). Plain C++: the host API sizes the forward's
 // workspace from these values.
@@ -15,7 +19,7 @@
 #define FLASHCUTE_HOPPER_TILE_96 128, 2, 2
 #endif
 #ifndef FLASHCUTE_HOPPER_TILE_128
-#define FLASHCUTE_HOPPER_TILE_128 128, 2, 2
+#define FLASHCUTE_HOPPER_TILE_128 64, 3, 3
 #endif
 #ifndef FLASHCUTE_HOPPER_TILE_192
 #define FLASHCUTE_HOPPER_TILE_192 96, 2, 2
@@ -30,12 +34,6 @@
 #ifndef FLASHCUTE_HOPPER_TILE_64_SHORT_CAUSAL
 #define FLASHCUTE_HOPPER_TILE_64_SHORT_CAUSAL 64, 4, 3
 #endif
-// hd 128 where the query rows see many keys (fwd_second_tile): wider key blocks, so the fixed
-// work of a block (barriers, O rescale, row max and sum shuffles) is spread over more keys.
-// Measured +4 % at 8k and 16k keys; at 2k the masked keys of the partial last block cost 2-5 %.
-#ifndef FLASHCUTE_HOPPER_TILE_128_LONG_KEYS
-#define FLASHCUTE_HOPPER_TILE_128_LONG_KEYS 176, 2, 2
-#endif
 
 namespace flashcute::hopper {
 
@@ -49,24 +47,19 @@ template <> struct FwdTileShape<128> : FwdTileValues<FLASHCUTE_HOPPER_TILE_128> 
 template <> struct FwdTileShape<192> : FwdTileValues<FLASHCUTE_HOPPER_TILE_192> {};
 template <> struct FwdTileShape<256> : FwdTileValues<FLASHCUTE_HOPPER_TILE_256> {};
 
-// The second tile shape of a head dim: hd 64 for short causal calls, hd 128 for long key ranges.
+// The second tile shape of a head dim: hd 64 for short causal calls.
 template <int kHeadDim> struct FwdSecondTileShape;
 template <> struct FwdSecondTileShape<64> : FwdTileValues<FLASHCUTE_HOPPER_TILE_64_SHORT_CAUSAL> {};
-template <> struct FwdSecondTileShape<128> : FwdTileValues<FLASHCUTE_HOPPER_TILE_128_LONG_KEYS> {};
-constexpr bool fwd_has_second_tile(int headdim) { return headdim == 64 || headdim == 128; }
+constexpr bool fwd_has_second_tile(int headdim) { return headdim == 64; }
 
-// Mean keys per query row up to which a causal hd 64 call takes the short-causal tile, and from
-// which an hd 128 call takes the long-key tile.
+// Mean keys per query row up to which a causal hd 64 call takes the short-causal tile.
 constexpr int kFwdShortCausalKeys = 512;
-constexpr int kFwdLongKeys = 8192;
 
 // Whether a call takes its head dim's second tile. A causal row sees seqlen_k - seqlen_q / 2
 // keys on average (fewer when seqlen_q > seqlen_k: the estimate then stays low).
 constexpr bool fwd_second_tile(int headdim, int seqlen_q, int seqlen_k, bool causal) {
   const int mean_keys = causal ? seqlen_k - seqlen_q / 2 : seqlen_k;
-  return headdim == 64    ? causal && mean_keys <= kFwdShortCausalKeys
-         : headdim == 128 ? mean_keys >= kFwdLongKeys
-                          : false;
+  return headdim == 64 && causal && mean_keys <= kFwdShortCausalKeys;
 }
 
 // Keys per block and consumer warpgroups of a head dim's tile (0, 0 for other head dims).
@@ -76,8 +69,6 @@ struct FwdTileSize {
 constexpr FwdTileSize fwd_tile_size(int headdim, bool second_tile = false) {
   if (second_tile && headdim == 64)
     return FwdTileSize{FwdSecondTileShape<64>::kBlockN_, FwdSecondTileShape<64>::kConsumers_};
-  if (second_tile && headdim == 128)
-    return FwdTileSize{FwdSecondTileShape<128>::kBlockN_, FwdSecondTileShape<128>::kConsumers_};
   return headdim == 64    ? FwdTileSize{FwdTileShape<64>::kBlockN_, FwdTileShape<64>::kConsumers_}
          : headdim == 96  ? FwdTileSize{FwdTileShape<96>::kBlockN_, FwdTileShape<96>::kConsumers_}
          : headdim == 128 ? FwdTileSize{FwdTileShape<128>::kBlockN_, FwdTileShape<128>::kConsumers_}

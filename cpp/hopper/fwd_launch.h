@@ -207,7 +207,7 @@ Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
 }
 
 // A head dim's launcher: its second tile where it has one and the call asks for it (hd 64: short
-// causal calls, hd 128: long key ranges; fwd_config.h), else its tile. The split plan and the
+// causal calls; fwd_config.h), else its tile. The split plan and the
 // host's workspace size make the same choice through fwd_second_tile.
 template <class Element, int kHeadDim>
 Status run_fwd(const FwdKernelParams& p, cudaStream_t stream) {

@@ -106,8 +106,8 @@ def attention(
     Inputs may be torch tensors, cupy arrays or jax arrays; results are allocated by q's
     framework on q's device. So is a transient fp32 workspace where the Hopper path spreads a
     non-causal call's last wave of query tiles over all SMs (few tiles with long keys, or a
-    short last wave): up to 2 · SMs · tile rows · (headdim + 8) · 4 bytes, 18 MB at hd 128
-    on 132 SMs. Other DLPack objects are accepted when ``out`` is given (they
+    short last wave): up to 2 · SMs · tile rows · (headdim + 8) · 4 bytes, 28 MB at hd 128
+    (192-row tiles) on 132 SMs. Other DLPack objects are accepted when ``out`` is given (they
     are then launched on the stream of out's framework, else the legacy default stream).
     The kernel runs on the caller's current stream (torch, cupy). JAX streams cannot be
     joined: for jax arrays the call waits for the inputs, launches on the legacy default
