@@ -3,8 +3,7 @@
 // 128 take three consumers, so a K/V block read from L2 serves 192 query rows (a third less L2
 // traffic per FLOP); hd 128 then needs 64-key blocks to fit 160 registers per consumer thread
 // (96 keys spill), and beats at every key range the 176-key, two-consumer tile it once took
-// for long ones. Chosen by measurement on H200 (see
-// benchmarks/results/README.md);
+// for long ones. Chosen by measurement on H200 (see benchmarks/results/README.md);
 // FLASHCUTE_HOPPER_TILES overrides the first ones for tuning. Key blocks such as 80 rely on
 // CuTe's extended WGMMA shapes (CMakeLists.txt). Plain C++: the host API sizes the forward's
 // workspace from these values.

@@ -207,8 +207,8 @@ Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
 }
 
 // A head dim's launcher: its second tile where it has one and the call asks for it (hd 64: short
-// causal calls; fwd_config.h), else its tile. The split plan and the
-// host's workspace size make the same choice through fwd_second_tile.
+// causal calls; fwd_config.h), else its tile. The split plan and the host's workspace size make
+// the same choice through fwd_second_tile.
 template <class Element, int kHeadDim>
 Status run_fwd(const FwdKernelParams& p, cudaStream_t stream) {
   if constexpr (fwd_has_second_tile(kHeadDim)) {
