@@ -350,6 +350,8 @@ def test_many_key_blocks_and_heads(gen):
 
 def test_expanded_dout_from_sum(gen):
     """out.sum() hands the backward a stride-0 dout; it must still be right."""
+    if 64 not in BWD_HEAD_DIMS or "float16" not in BWD_DTYPES:
+        pytest.skip("headdim 64 float16 not built")
     q, k, v = make_qkv(gen, 2, 100, 120, 4, 4, 64, "float16")
     leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
     flashcute.attention(*leaves).sum().backward()
@@ -433,6 +435,8 @@ def test_dq_accumulator_chunk_fits_the_grid(gen, bwd_backend):
 
 
 def test_deterministic_algorithms_flag_selects_deterministic_mode(gen):
+    if 64 not in BWD_HEAD_DIMS or "bfloat16" not in BWD_DTYPES:
+        pytest.skip("headdim 64 bf16 not built on the Ampere path (deterministic calls run there)")
     q, k, v = make_qkv(gen, 1, 900, 900, 4, 4, 64, "bfloat16")
     dout = randn_like(gen, q)
     previous = torch.are_deterministic_algorithms_enabled()
