@@ -1,9 +1,10 @@
 // Hopper-path tile shape per head dim: keys per block, K/V pipeline stages, consumer
-// warpgroups (64 query rows each); hd 64 has a second one for short causal calls. hd 64 and
-// 128 take three consumers, so a K/V block read from L2 serves 192 query rows (a third less L2
-// traffic per FLOP); hd 128 then needs 64-key blocks to fit 160 registers per consumer thread
-// (96 keys spill), and beats at every key range the 176-key, two-consumer tile it once took
-// for long ones. Chosen by measurement on H200 (see benchmarks/results/README.md);
+// warpgroups (64 query rows each); hd 64 has a second one for short causal calls. hd 64, 96
+// and 128 take three consumers, so a K/V block read from L2 serves 192 query rows (a third
+// less L2 traffic per FLOP); hd 96 and 128 then need 64-key blocks to fit 160 registers per
+// consumer thread (hd 128: 96 keys spill; hd 96: 128 keys spill), hd 128 beats at every key
+// range the 176-key, two-consumer tile it once took for long ones, and hd 96 gains 4-13 % over
+// two consumers on 128-key blocks from 2k on. Chosen by measurement on H200 (see benchmarks/results/README.md);
 // FLASHCUTE_HOPPER_TILES overrides the first ones for tuning. Key blocks such as 80 rely on
 // CuTe's extended WGMMA shapes (CMakeLists.txt). Plain C++: the host API sizes the forward's
 // workspace from these values.
@@ -15,7 +16,7 @@
 #define FLASHCUTE_HOPPER_TILE_64 128, 2, 3
 #endif
 #ifndef FLASHCUTE_HOPPER_TILE_96
-#define FLASHCUTE_HOPPER_TILE_96 128, 2, 2
+#define FLASHCUTE_HOPPER_TILE_96 64, 3, 3
 #endif
 #ifndef FLASHCUTE_HOPPER_TILE_128
 #define FLASHCUTE_HOPPER_TILE_128 64, 3, 3
