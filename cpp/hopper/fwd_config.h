@@ -4,10 +4,10 @@
 // less L2 traffic per FLOP); hd 96 and 128 then need 64-key blocks to fit 160 registers per
 // consumer thread (hd 128: 96 keys spill; hd 96: 128 keys spill), hd 128 beats at every key
 // range the 176-key, two-consumer tile it once took for long ones, and hd 96 gains 4-13 % over
-// two consumers on 128-key blocks from 2k on. Chosen by measurement on H200 (see benchmarks/results/README.md);
-// FLASHCUTE_HOPPER_TILES overrides the first ones for tuning. Key blocks such as 80 rely on
-// CuTe's extended WGMMA shapes (CMakeLists.txt). Plain C++: the host API sizes the forward's
-// workspace from these values.
+// two consumers on 128-key blocks from 2k on. Chosen by measurement on H200 (see
+// benchmarks/results/README.md); FLASHCUTE_HOPPER_TILES overrides the first ones for tuning.
+// Key blocks such as 80 rely on CuTe's extended WGMMA shapes (CMakeLists.txt). Plain C++: the
+// host API sizes the forward's workspace from these values.
 #pragma once
 
 #include "hopper_tile_overrides.h"  // generated
