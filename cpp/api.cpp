@@ -13,6 +13,7 @@
 #include "kernel_params.h"
 #include "kernel_registry.h"
 #include "launch_status.h"
+#include "operand_checks.h"
 
 namespace flashcute {
 
@@ -53,13 +54,6 @@ namespace {
 const char* dtype_name(DType dtype) { return dtype == DType::kBFloat16 ? "bfloat16" : "float16"; }
 const char* backend_name(Backend backend) { return backend == Backend::kHopper ? "hopper" : "ampere"; }
 
-// 16-byte vector loads and stores need every row start 16-byte aligned.
-bool aligned16(const void* ptr, int64_t row_stride, int64_t head_stride, int64_t batch_stride) {
-  constexpr int64_t kElems = 8;  // 16 bytes of fp16/bf16
-  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && row_stride % kElems == 0 &&
-         head_stride % kElems == 0 && batch_stride % kElems == 0;
-}
-
 Status invalid(const char* msg) { return make_status(StatusCode::kInvalidArgument, "%s", msg); }
 
 // Sizes, dtype and scale: the checks the forward and the backward share.
@@ -73,8 +67,11 @@ Status check_problem(const Params& p) {
     return make_status(StatusCode::kInvalidArgument,
                        "nheads (%lld) must be a multiple of nheads_kv (%lld)",
                        static_cast<long long>(p.nheads), static_cast<long long>(p.nheads_kv));
-  if (!(p.softmax_scale > 0.f) || !std::isfinite(p.softmax_scale))
-    return invalid("softmax_scale: expected a finite positive number");
+  // The kernels multiply the scale by log2(e): both must be normal, finite float32 numbers.
+  if (!(p.softmax_scale >= std::numeric_limits<float>::min()) ||
+      !std::isfinite(p.softmax_scale * 1.4426950408889634f))
+    return invalid("softmax_scale: expected a finite positive float32 whose product with log2(e) is "
+                   "finite and normal");
   constexpr int64_t kMaxGrid = 65535;
   constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
   if (p.batch > kMaxGrid || p.nheads > kMaxGrid)
@@ -90,15 +87,27 @@ Status check_forward(const AttentionForwardParams& p) {
   if (empty) return Status{};
   if (p.q == nullptr || p.out == nullptr || (p.seqlen_k > 0 && (p.k == nullptr || p.v == nullptr)))
     return invalid("q, k, v and out must not be null");
-  if (!aligned16(p.q, p.q_row_stride, p.q_head_stride, p.q_batch_stride) ||
-      !aligned16(p.out, p.out_row_stride, p.out_head_stride, p.out_batch_stride) ||
-      (p.seqlen_k > 0 && (!aligned16(p.k, p.k_row_stride, p.k_head_stride, p.k_batch_stride) ||
-                          !aligned16(p.v, p.v_row_stride, p.v_head_stride, p.v_batch_stride))))
-    return invalid("q, k, v, out: data pointers must be 16-byte aligned and batch/row/head "
-                   "strides multiples of 8 elements");
+  const bool has_k = p.seqlen_k > 0;
+  const Operand inputs[] = {
+      tensor4("q", p.q, p.batch, p.seqlen_q, p.nheads, p.headdim, p.q_batch_stride, p.q_row_stride,
+              p.q_head_stride, 2),
+      tensor4("k", p.k, p.batch, p.seqlen_k, p.nheads_kv, p.headdim, p.k_batch_stride, p.k_row_stride,
+              p.k_head_stride, 2, has_k),
+      tensor4("v", p.v, p.batch, p.seqlen_k, p.nheads_kv, p.headdim, p.v_batch_stride, p.v_row_stride,
+              p.v_head_stride, 2, has_k),
+  };
+  const Operand outputs[] = {
+      tensor4("out", p.out, p.batch, p.seqlen_q, p.nheads, p.headdim, p.out_batch_stride, p.out_row_stride,
+              p.out_head_stride, 2),
+      lse_tensor("lse", p.lse, p.batch, p.nheads, p.seqlen_q, p.lse_batch_stride, p.lse_head_stride),
+      bytes_buffer("workspace", p.workspace, p.workspace_bytes),
+  };
+  for (const Operand& o : inputs)
+    if (Status s = check_aligned16(o); !s.ok()) return s;
+  if (Status s = check_aligned16(outputs[0]); !s.ok()) return s;
   if (p.workspace != nullptr && reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0)
     return invalid("workspace: expected a 16-byte aligned device buffer");
-  return Status{};
+  return check_no_overlap(outputs, inputs);
 }
 
 FwdKernelParams kernel_params(const AttentionForwardParams& p) {
@@ -140,27 +149,34 @@ Status check_backward(const AttentionBackwardParams& p) {
                  p.dq == nullptr)) ||
       (has_k && (p.k == nullptr || p.v == nullptr || p.dk == nullptr || p.dv == nullptr)))
     return invalid("dout, q, k, v, out, lse, dq, dk and dv must not be null");
-  struct Operand {
-    const void* ptr;
-    int64_t row, head, batch;
-    bool present;
+  const Operand inputs[] = {
+      tensor4("dout", p.dout, p.batch, p.seqlen_q, p.nheads, p.headdim, p.dout_batch_stride, p.dout_row_stride,
+              p.dout_head_stride, 2, has_q),
+      tensor4("q", p.q, p.batch, p.seqlen_q, p.nheads, p.headdim, p.q_batch_stride, p.q_row_stride,
+              p.q_head_stride, 2, has_q),
+      tensor4("k", p.k, p.batch, p.seqlen_k, p.nheads_kv, p.headdim, p.k_batch_stride, p.k_row_stride,
+              p.k_head_stride, 2, has_k),
+      tensor4("v", p.v, p.batch, p.seqlen_k, p.nheads_kv, p.headdim, p.v_batch_stride, p.v_row_stride,
+              p.v_head_stride, 2, has_k),
+      tensor4("out", p.out, p.batch, p.seqlen_q, p.nheads, p.headdim, p.out_batch_stride, p.out_row_stride,
+              p.out_head_stride, 2, has_q),
+      lse_tensor("lse", p.lse, p.batch, p.nheads, p.seqlen_q, p.lse_batch_stride, p.lse_head_stride, has_q),
   };
-  const Operand operands[] = {
-      {p.dout, p.dout_row_stride, p.dout_head_stride, p.dout_batch_stride, has_q},
-      {p.q, p.q_row_stride, p.q_head_stride, p.q_batch_stride, has_q},
-      {p.out, p.out_row_stride, p.out_head_stride, p.out_batch_stride, has_q},
-      {p.dq, p.dq_row_stride, p.dq_head_stride, p.dq_batch_stride, has_q},
-      {p.k, p.k_row_stride, p.k_head_stride, p.k_batch_stride, has_k},
-      {p.v, p.v_row_stride, p.v_head_stride, p.v_batch_stride, has_k},
-      {p.dk, p.dk_row_stride, p.dk_head_stride, p.dk_batch_stride, has_k},
-      {p.dv, p.dv_row_stride, p.dv_head_stride, p.dv_batch_stride, has_k},
+  const Operand outputs[] = {
+      tensor4("dq", p.dq, p.batch, p.seqlen_q, p.nheads, p.headdim, p.dq_batch_stride, p.dq_row_stride,
+              p.dq_head_stride, 2, has_q),
+      tensor4("dk", p.dk, p.batch, p.seqlen_k, p.nheads_kv, p.headdim, p.dk_batch_stride, p.dk_row_stride,
+              p.dk_head_stride, 2, has_k),
+      tensor4("dv", p.dv, p.batch, p.seqlen_k, p.nheads_kv, p.headdim, p.dv_batch_stride, p.dv_row_stride,
+              p.dv_head_stride, 2, has_k),
+      bytes_buffer("workspace", p.workspace, p.workspace_bytes),
   };
-  for (const Operand& o : operands) {
-    if (o.present && !aligned16(o.ptr, o.row, o.head, o.batch))
-      return invalid("dout, q, k, v, out, dq, dk, dv: data pointers must be 16-byte aligned and "
-                     "batch/row/head strides multiples of 8 elements");
-  }
-  return Status{};
+  for (const Operand& o : inputs)  // lse is read as single floats
+    if (o.elem_bytes == 2)
+      if (Status s = check_aligned16(o); !s.ok()) return s;
+  for (int i = 0; i < 3; ++i)  // dq, dk, dv; the workspace is checked with its layout
+    if (Status s = check_aligned16(outputs[i]); !s.ok()) return s;
+  return check_no_overlap(outputs, inputs);
 }
 
 // The workspace, once the path that runs the call (and so its layout) is known.

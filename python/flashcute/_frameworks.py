@@ -30,7 +30,9 @@ Shape = Sequence[int]
 #: (DLPack device type, device id, dtype name, shape, strides in elements)
 Description = tuple[int, int, str, tuple[int, ...], tuple[int, ...]]
 
-_TORCH_DLPACK_DEVICES = {"cpu": 1, "cuda": 2}  # torch device type -> DLDeviceType
+# torch device type -> DLDeviceType; meta tensors (no data, no DLPack export) get 0, which no
+# DLPack device uses, so that checks can still read their shapes.
+_TORCH_DLPACK_DEVICES = {"cpu": 1, "cuda": 2, "meta": 0}
 
 ALLOCATING_FRAMEWORKS = "torch.Tensor, cupy.ndarray or jax.Array"
 

@@ -27,7 +27,7 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
         ctx: Any, q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: Optional[float],
-        backend: Optional[str],
+        backend: Optional[str], deterministic: bool,
     ) -> tuple[Tensor, Tensor]:
         out, lse = _torch_direct.attention(
             q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True, backend=backend
@@ -35,6 +35,7 @@ class _Attention(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal = causal
         ctx.softmax_scale = softmax_scale
+        ctx.deterministic = deterministic
         # As the custom ops' formula: a forward forced onto "hopper" differentiates with the
         # default choice of backward.
         ctx.backend = None if backend == "hopper" else backend
@@ -48,15 +49,17 @@ class _Attention(torch.autograd.Function):
         dq, dk, dv = _torch_direct.attention_backward(
             kernel_layout(dout), q, k, v, out, lse, causal=ctx.causal,
             softmax_scale=ctx.softmax_scale,
-            deterministic=torch.are_deterministic_algorithms_enabled(), backend=ctx.backend,
+            deterministic=ctx.deterministic or torch.are_deterministic_algorithms_enabled(),
+            backend=ctx.backend,
         )
-        return dq, dk, dv, None, None, None
+        return dq, dk, dv, None, None, None, None
 
 
 def attention(
     q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: Optional[float],
-    backend: Optional[str],
+    backend: Optional[str], deterministic: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """(out, lse) of a differentiable call; lse is not differentiable."""
-    out, lse = _Attention.apply(q, k, v, causal, softmax_scale, backend)
+    """(out, lse) of a differentiable call; lse is not differentiable. ``deterministic`` makes
+    its backward bitwise reproducible (as ``torch.use_deterministic_algorithms`` does)."""
+    out, lse = _Attention.apply(q, k, v, causal, softmax_scale, backend, deterministic)
     return out, lse

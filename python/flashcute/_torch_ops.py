@@ -18,29 +18,43 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
+from ._torch_version import require_torch
+
+require_torch(torch.__version__)  # before the custom ops below, which older torch lacks
+
 from . import _torch_autograd, _torch_direct
+from ._build_info import load_extension
+from ._dispatch import choose_backend, choose_backward_backend
 from ._torch_layout import kernel_layout
+from ._validate import ForwardProblem, _check_devices, forward_problem
+from ._validate_backward import backward_problem
 
 
-def _check_fake_shapes(q: Tensor, k: Tensor, v: Tensor) -> None:
-    """The shape rules the fake implementation can check without reading data."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.dim() != 4:
-            raise ValueError(
-                f"{name}: expected a 4-d tensor (batch, seqlen, nheads, headdim), "
-                f"got shape {tuple(x.shape)}"
-            )
-    if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3]:
-        raise ValueError(
-            f"q, k, v: shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)} do not match"
-        )
+def _fake_forward_problem(
+    q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor], causal: bool, softmax_scale: float,
+    backend: Optional[str],
+) -> ForwardProblem:
+    """The real forward's checks, run by the fake implementation so that ``torch.compile``
+    reports a bad dtype, shape or head dim while tracing. Inputs off CUDA (meta tensors,
+    whose op this fake is, or CPU tensors) skip the device checks and the dispatch; a real
+    call on CPU tensors still raises the device error when it runs."""
+    problem, infos = forward_problem(
+        q, k, v, out, causal=causal, softmax_scale=softmax_scale, backend=backend
+    )
+    if q.device.type == "cuda":
+        _check_devices(infos[0], infos[1:])
+        capability = int(load_extension().device_capability(problem.device_id))
+        choose_backend(backend, capability, headdim=problem.headdim, dtype=problem.dtype)
+    return problem
 
 
 @torch.library.custom_op("flashcute::attention_forward", mutates_args=())
 def attention_forward(
-    q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float, backend: Optional[str]
+    q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float, backend: Optional[str],
+    deterministic: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """(out, lse) of flashcute's forward; out is contiguous (batch, seqlen_q, nheads, headdim)."""
+    """(out, lse) of flashcute's forward; out is contiguous (batch, seqlen_q, nheads, headdim).
+    ``deterministic`` asks the autograd formula for a bitwise reproducible backward."""
     return _torch_direct.attention(
         q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True, backend=backend
     )
@@ -48,10 +62,30 @@ def attention_forward(
 
 @attention_forward.register_fake
 def _(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float,
-      backend: Optional[str]) -> tuple[Tensor, Tensor]:
-    _check_fake_shapes(q, k, v)
-    batch, seqlen_q, nheads, _ = q.shape
-    return q.new_empty(q.shape), q.new_empty((batch, nheads, seqlen_q), dtype=torch.float32)
+      backend: Optional[str], deterministic: bool = False) -> tuple[Tensor, Tensor]:
+    problem = _fake_forward_problem(q, k, v, None, causal, softmax_scale, backend)
+    return q.new_empty(problem.out_shape), q.new_empty(problem.lse_shape, dtype=torch.float32)
+
+
+@torch.library.custom_op("flashcute::attention_forward_out", mutates_args=("out",))
+def attention_forward_out(
+    q: Tensor, k: Tensor, v: Tensor, out: Tensor, causal: bool, softmax_scale: float,
+    backend: Optional[str],
+) -> Tensor:
+    """Writes the forward's output into ``out`` and returns lse: calls with ``out=`` that a
+    compiler or another transform watches (not differentiable)."""
+    _, lse = _torch_direct.attention(
+        q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True, backend=backend,
+        out=out,
+    )
+    return lse
+
+
+@attention_forward_out.register_fake
+def _(q: Tensor, k: Tensor, v: Tensor, out: Tensor, causal: bool, softmax_scale: float,
+      backend: Optional[str]) -> Tensor:
+    problem = _fake_forward_problem(q, k, v, out, causal, softmax_scale, backend)
+    return q.new_empty(problem.lse_shape, dtype=torch.float32)
 
 
 @torch.library.custom_op("flashcute::attention_backward", mutates_args=())
@@ -70,15 +104,28 @@ def attention_backward(
 def _(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool,
       softmax_scale: float, deterministic: bool,
       backend: Optional[str]) -> tuple[Tensor, Tensor, Tensor]:
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    problem, infos = backward_problem(  # as the forward's fake: the real call's checks
+        dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
+        deterministic=deterministic, backend=backend,
+    )
+    if q.device.type == "cuda":
+        _check_devices(infos[0], infos[1:])
+        capability = int(load_extension().device_capability(problem.device_id))
+        choose_backward_backend(
+            backend, capability, headdim=problem.headdim, dtype=problem.dtype,
+            deterministic=deterministic,
+        )
+    kv_shape = (q.shape[0], k.shape[1], k.shape[2], q.shape[3])
+    return q.new_empty(q.shape), q.new_empty(kv_shape), q.new_empty(kv_shape)
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
-    q, k, v, causal, softmax_scale, backend = inputs
+    q, k, v, causal, softmax_scale, backend, deterministic = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.causal = causal
     ctx.softmax_scale = softmax_scale
+    ctx.deterministic = deterministic
     # A forward forced onto "hopper" differentiates with the default choice: the Hopper
     # backward where this build has it for the head dim (and deterministic is off), else the
     # Ampere one.
@@ -90,9 +137,9 @@ def _backward(ctx: Any, dout: Tensor, _dlse: Optional[Tensor]) -> tuple[Any, ...
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = attention_backward(
         dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale,
-        torch.are_deterministic_algorithms_enabled(), ctx.backend,
+        ctx.deterministic or torch.are_deterministic_algorithms_enabled(), ctx.backend,
     )
-    return dq, dk, dv, None, None, None
+    return dq, dk, dv, None, None, None, None
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -131,30 +178,34 @@ def route(*tensors: Tensor) -> str:
 def attention(
     q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: Optional[float],
     return_lse: bool, backend: Optional[str], out: Optional[Tensor] = None,
+    deterministic: bool = False,
 ) -> Any:
     """The front door's torch route (arguments already type-checked). Calls with ``out`` are
     not differentiable (the front door refused inputs that require grad); where something
-    watches one, it takes the generic DLPack route instead of the custom op."""
+    watches one, it goes through the mutating custom op ``flashcute::attention_forward_out``."""
     if out is not None:
         if route(q, k, v, out) != "direct":
-            from .attention import attention_dlpack
-
-            return attention_dlpack(
-                q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
-                out=out, backend=backend,
-            )
+            lse = attention_forward_out(q, k, v, out, causal, _scale(q, softmax_scale), backend)
+            return (out, lse) if return_lse else out
     elif q.dim() == 4:
         how = route(q, k, v)
         if how == "custom_op":
-            scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
-            result, lse = attention_forward(q, k, v, causal, scale, backend)
+            result, lse = attention_forward(
+                q, k, v, causal, _scale(q, softmax_scale), backend, deterministic
+            )
             return (result, lse) if return_lse else result
         if how == "autograd":
             result, lse = _torch_autograd.attention(
-                q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend
+                q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend,
+                deterministic=deterministic,
             )
             return (result, lse) if return_lse else result
     return _torch_direct.attention(
         q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
         backend=backend, out=out,
     )
+
+
+def _scale(q: Tensor, softmax_scale: Optional[float]) -> float:
+    """The scale the custom ops take: given, or 1/sqrt(headdim)."""
+    return 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)

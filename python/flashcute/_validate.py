@@ -17,11 +17,18 @@ from ._frameworks import framework_of, is_dlpack
 SUPPORTED_DTYPES = ("float16", "bfloat16")
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
 
+_FLOAT32_MAX = 3.4028234663852886e38
+_FLOAT32_MIN_NORMAL = 1.1754943508222875e-38
+#: The range of softmax_scale: a normal float32 whose product with log2(e) is finite.
+SOFTMAX_SCALE_MIN = _FLOAT32_MIN_NORMAL
+SOFTMAX_SCALE_MAX = _FLOAT32_MAX / 1.4426950408889634 * (1 - 2.0**-20)
+
 # DLPack device types (DLDeviceType).
 _KDLCUDA = 2
 _KDLCUDA_MANAGED = 13
 _CUDA_DEVICE_TYPES = (_KDLCUDA, _KDLCUDA_MANAGED)
 _DEVICE_NAMES = {
+    0: "meta",
     1: "CPU",
     2: "CUDA",
     3: "CUDA pinned host",
@@ -120,9 +127,28 @@ def check_scalars(causal: Any, softmax_scale: Any, backend: Any) -> None:
         raise TypeError(
             f"softmax_scale: expected a float or None, got {type_name(softmax_scale)}"
         )
-    value = float(softmax_scale)
+    try:
+        value = float(softmax_scale)
+    except OverflowError:  # an int beyond float range, e.g. 10**400
+        raise ValueError(
+            f"softmax_scale: expected a finite positive float, got an integer of "
+            f"{int(softmax_scale).bit_length()} bits"
+        ) from None
     if not math.isfinite(value) or value <= 0.0:
         raise ValueError(f"softmax_scale: expected a finite positive float, got {value}")
+    # The kernels take the scale as float32 and multiply it by log2(e): both must stay
+    # normal, finite float32 numbers.
+    if not SOFTMAX_SCALE_MIN <= value <= SOFTMAX_SCALE_MAX:
+        raise ValueError(
+            f"softmax_scale: expected a finite positive float in float32 range "
+            f"[{SOFTMAX_SCALE_MIN:.4g}, {SOFTMAX_SCALE_MAX:.4g}], got {value:g}"
+        )
+
+
+def check_deterministic(deterministic: Any) -> None:
+    """Type check of the ``deterministic`` flag."""
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic: expected a bool, got {type_name(deterministic)}")
 
 
 def _check_rank(info: _Info) -> None:

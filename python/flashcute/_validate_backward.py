@@ -10,18 +10,26 @@ from ._validate import (
     _check_rank,
     _check_strides,
     _fmt,
+    _Info,
     _inspect,
+    check_deterministic,
     forward_problem,
 )
 
 
-def check_deterministic(deterministic: Any) -> None:
-    """Type check of the backward's ``deterministic`` flag."""
-    if not isinstance(deterministic, bool):
-        raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__qualname__}")
+def check_backward_flags(deterministic: Any, backend: Any) -> None:
+    """The backward's flags, before any tensor or device is looked at: ``deterministic`` is a
+    bool, and the Hopper-path backward (dQ added with atomics) is not asked to be
+    bitwise reproducible."""
+    check_deterministic(deterministic)
+    if deterministic and backend == "hopper":
+        raise ValueError(
+            "backend='hopper': its backward adds dQ with atomics and is not bitwise "
+            "reproducible; deterministic=True runs on backend=None or 'ampere'"
+        )
 
 
-def validate_backward(
+def backward_problem(
     dout: Any,
     q: Any,
     k: Any,
@@ -36,19 +44,10 @@ def validate_backward(
     softmax_scale: Any = None,
     deterministic: Any = False,
     backend: Any = None,
-) -> ForwardProblem:
-    """Check the arguments of an attention backward call and describe the problem.
-
-    q, k, v, out follow the forward's rules (see ``validate_forward``); dout and dq have q's
-    shape, dk and dv k's shape, all in q's dtype on q's device with unit headdim stride; lse
-    is the forward's float32 (batch, nheads, seqlen_q) log-sum-exp with unit last stride.
-
-    Raises:
-        TypeError: a non-DLPack argument, wrong dtypes, a non-bool flag.
-        ValueError: wrong ranks, shapes, strides, devices, head dim, scale or backend name.
-        ImportError: the compiled extension is missing.
-    """
-    check_deterministic(deterministic)
+) -> tuple[ForwardProblem, list[_Info]]:
+    """``validate_backward`` without its last check (devices): the problem and the tensors'
+    infos, q's first, for the fake implementation of the backward custom op."""
+    check_backward_flags(deterministic, backend)
     if out is None:
         raise TypeError("out: expected the forward's output, got None")
     problem, forward_infos = forward_problem(
@@ -80,6 +79,40 @@ def validate_backward(
         )
     if problem.lse_shape[2] > 1 and lse_info.strides[2] != 1:
         raise ValueError(f"lse: expected unit stride in the last dimension, got {_fmt(lse_info.strides)}")
-    _check_devices(forward_infos[0], [*forward_infos[1:], *infos, lse_info])
-    return problem
+    return problem, [*forward_infos, *infos, lse_info]
 
+
+def validate_backward(
+    dout: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    *,
+    dq: Any = None,
+    dk: Any = None,
+    dv: Any = None,
+    causal: Any = False,
+    softmax_scale: Any = None,
+    deterministic: Any = False,
+    backend: Any = None,
+) -> ForwardProblem:
+    """Check the arguments of an attention backward call and describe the problem.
+
+    q, k, v, out follow the forward's rules (see ``validate_forward``); dout and dq have q's
+    shape, dk and dv k's shape, all in q's dtype on q's device with unit headdim stride; lse
+    is the forward's float32 (batch, nheads, seqlen_q) log-sum-exp with unit last stride.
+
+    Raises:
+        TypeError: a non-DLPack argument, wrong dtypes, a non-bool flag.
+        ValueError: wrong ranks, shapes, strides, devices, head dim, scale or backend name,
+            or backend="hopper" with deterministic=True.
+        ImportError: the compiled extension is missing.
+    """
+    problem, infos = backward_problem(
+        dout, q, k, v, out, lse, dq=dq, dk=dk, dv=dv, causal=causal,
+        softmax_scale=softmax_scale, deterministic=deterministic, backend=backend,
+    )
+    _check_devices(infos[0], infos[1:])
+    return problem

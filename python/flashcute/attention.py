@@ -9,7 +9,13 @@ from typing import Any, Optional
 from ._build_info import load_extension
 from ._dispatch import choose_backend
 from ._frameworks import ALLOCATING_FRAMEWORKS, Framework, export, framework_of, launchable
-from ._validate import ForwardProblem, check_scalars, type_name, validate_forward
+from ._validate import (
+    ForwardProblem,
+    check_deterministic,
+    check_scalars,
+    type_name,
+    validate_forward,
+)
 
 
 def _torch_tensors(*xs: Any) -> bool:
@@ -18,11 +24,13 @@ def _torch_tensors(*xs: Any) -> bool:
 
 
 def _torch_route() -> ModuleType:
-    """``flashcute._torch_ops``, imported on the first torch call (it imports torch)."""
-    module = sys.modules.get(f"{__package__}._torch_ops")
-    if module is None:
-        from . import _torch_ops as module
-    return module
+    """``flashcute._torch_ops``, imported on the first torch call (it imports torch).
+
+    A plain import statement: torch.compile traces it, whereas a ``sys.modules`` lookup would
+    become a guard that the import itself invalidates in the frame being compiled."""
+    from . import _torch_ops
+
+    return _torch_ops
 
 
 def _refuse_grad_with_out(q: Any, k: Any, v: Any) -> None:
@@ -80,6 +88,7 @@ def attention(
     return_lse: bool = False,
     out: Any = None,
     backend: Optional[str] = None,
+    deterministic: bool = False,
 ) -> Any:
     """Exact softmax attention, ``softmax(scale * q @ k^T) @ v``, in one fused kernel.
 
@@ -97,6 +106,9 @@ def attention(
         out: optional (batch, seqlen_q, nheads, headdim) tensor of q's dtype to write into
             (not for jax arrays, which are immutable); it is returned.
         backend: None (choose by GPU), "ampere" or "hopper".
+        deterministic: differentiate this call with the bitwise reproducible backward (torch
+            autograd; ``torch.use_deterministic_algorithms(True)`` does the same for every
+            call). The forward is always reproducible.
 
     Any strides work as long as the headdim dimension has unit stride and the others are
     positive, so ``x.transpose(1, 2)`` of a (batch, nheads, seqlen, headdim) tensor needs no
@@ -136,13 +148,14 @@ def attention(
     """
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse: expected a bool, got {type_name(return_lse)}")
+    check_deterministic(deterministic)
     if _torch_tensors(q, k, v) and (out is None or _torch_tensors(out)):
         check_scalars(causal, softmax_scale, backend)
         if out is not None:
             _refuse_grad_with_out(q, k, v)
         return _torch_route().attention(
             q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
-            backend=backend, out=out,
+            backend=backend, out=out, deterministic=deterministic,
         )
     _refuse_grad_with_out(q, k, v)
     return attention_dlpack(

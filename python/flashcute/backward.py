@@ -8,7 +8,7 @@ from ._build_info import load_extension
 from ._dispatch import choose_backward_backend
 from ._frameworks import export, framework_of, launchable
 from ._validate import check_scalars, type_name
-from ._validate_backward import check_deterministic, validate_backward
+from ._validate_backward import check_backward_flags, validate_backward
 from .attention import _torch_route, _torch_tensors
 
 
@@ -67,7 +67,7 @@ def attention_backward(
         g is None or _torch_tensors(g) for g in (dq, dk, dv)
     ):
         check_scalars(causal, softmax_scale, backend)  # before they key the kept checks
-        check_deterministic(deterministic)
+        check_backward_flags(deterministic, backend)
         tensors = [x for x in (dout, q, k, v, out, lse, dq, dk, dv) if x is not None]
         # Gradients are not differentiated, so autograd does not count as watching.
         if not _torch_route().watched(*tensors):
