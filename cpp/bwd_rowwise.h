@@ -38,8 +38,12 @@ __global__ void __launch_bounds__(RowwiseShape<kHeadDim>::kThreads)
                     head * params.out_head_stride + int64_t(row) * params.out_row_stride + col;
     const auto* d = static_cast<const Element*>(params.dout) + batch * params.dout_batch_stride +
                     head * params.dout_head_stride + int64_t(row) * params.dout_row_stride + col;
-    const auto o8 = *reinterpret_cast<const cutlass::Array<Element, 8>*>(o);
-    const auto d8 = *reinterpret_cast<const cutlass::Array<Element, 8>*>(d);
+    // One 16-byte load each (rows are 16-byte aligned); Array<Element, 8> alone is only
+    // 2-byte aligned and compiles to narrower loads.
+    const uint4 o_raw = *reinterpret_cast<const uint4*>(o);
+    const uint4 d_raw = *reinterpret_cast<const uint4*>(d);
+    const auto& o8 = reinterpret_cast<const cutlass::Array<Element, 8>&>(o_raw);
+    const auto& d8 = reinterpret_cast<const cutlass::Array<Element, 8>&>(d_raw);
     CUTE_UNROLL
     for (int i = 0; i < 8; ++i) dot += float(o8[i]) * float(d8[i]);
   }

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# compute-sanitizer's four tools over small calls of each kernel family (calls.py): any
+# reported error fails the run. Usage, on a GPU machine with flashcute installed:
+#   bash tests/sanitize/run.sh [FAMILY ...]     # default: every family this GPU runs
+set -uo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+families=("$@")
+if [ ${#families[@]} -eq 0 ]; then
+  families=(ampere-fwd ampere-bwd ampere-bwd-deterministic)
+  if python -c 'import flashcute._C as c, sys; sys.exit(c.device_capability(0) != 90)'; then
+    families+=(hopper-fwd hopper-bwd)
+  fi
+fi
+failed=0
+for family in "${families[@]}"; do
+  for tool in memcheck racecheck synccheck initcheck; do
+    log=$(mktemp)
+    compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 10 \
+      python "$here/calls.py" "$family" >"$log" 2>&1
+    rc=$?
+    summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1)
+    echo "$family $tool: exit $rc; ${summary:-no summary}"
+    if [ $rc -ne 0 ]; then
+      failed=1
+      sed -n '1,40p' "$log"
+    fi
+    rm -f "$log"
+  done
+done
+exit $failed
