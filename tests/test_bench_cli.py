@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+import types
 
 import pytest
 
@@ -22,17 +23,22 @@ from flashcute.bench import (  # noqa: E402
     BenchConfig,
     BenchError,
     BenchRow,
-    SimpleProgress,
+    CheckError,
+    Shape,
     attention_flops,
     build_grid,
+    build_shapes,
+    causal_pairs,
     causal_values,
     config_flops,
     format_table,
     impl_skip_reason,
     impl_unavailable_reason,
+    make_progress,
     Notes,
     main,
     parse_args,
+    parse_shape,
     plot_results,
     results_to_json,
     select_impls,
@@ -114,7 +120,8 @@ def test_parse_impls_all() -> None:
     "argv",
     [
         ["--impls", "bogus"],
-        ["--hdims", "96"],  # does not divide 2048
+        ["--hdims", "100"],  # not a multiple of 8
+        ["--hdims", "264"],  # above 256
         ["--seqlens", "3000"],  # does not divide 16384
         ["--seqlens", "abc"],
         ["--hdims", "-64"],
@@ -180,7 +187,8 @@ def test_grid_order_and_values() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"hdims": [96]}, {"seqlens": [3000]}, {"seqlens": [0]}, {"dtype": "fp32"}],
+    [{"hdims": [100]}, {"hdims": [0]}, {"hdims": [264]}, {"seqlens": [3000]},
+     {"seqlens": [0]}, {"dtype": "fp32"}],
 )
 def test_grid_rejects_bad_values(kwargs: dict) -> None:
     with pytest.raises(ValueError):
@@ -242,13 +250,14 @@ def test_unavailable_reasons() -> None:
     assert impl_unavailable_reason("sdpa-flash", {}, (9, 0), "ImportError: x", False) is None
 
 
-def test_select_impls() -> None:
+def test_select_impls(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "flash_attn_interface", _fake_fa3_module())
     notes = Notes()
     assert select_impls(None, BUILD_INFO, (9, 0), None, True, notes) == list(IMPLS)
     assert len(notes) == 0
     notes = Notes()
     assert select_impls(None, BUILD_INFO, (8, 0), None, False, notes) == [
-        "flashcute-ampere", "sdpa-flash"]
+        "flashcute-ampere", "sdpa-flash", "fa3"]
     assert len(notes) == 2
     notes = Notes()
     assert select_impls(["flashcute-ampere", "sdpa-flash"], {}, (9, 0),
@@ -323,10 +332,13 @@ def test_write_json_schema(tmp_path) -> None:
     assert loaded["flashcute"] == "0.1.0"
     assert loaded["dtype"] == "bf16"
     assert len(loaded["rows"]) == len(rows)
-    required = {"impl", "dtype", "hdim", "causal", "seqlen", "batch", "nheads", "fwd_tflops"}
+    required = {"impl", "dtype", "hdim", "causal", "seqlen", "batch", "nheads", "fwd_tflops",
+                "seqlen_q", "seqlen_k", "nheads_kv"}
     for row, src in zip(loaded["rows"], rows):
         assert required <= set(row)
         assert set(row) - required <= {"bwd_tflops"}
+        assert row["seqlen_q"] == row["seqlen_k"] == row["seqlen"]
+        assert row["nheads_kv"] == row["nheads"]
         assert isinstance(row["impl"], str) and row["impl"] in IMPLS
         assert isinstance(row["hdim"], int) and isinstance(row["seqlen"], int)
         assert isinstance(row["batch"], int) and isinstance(row["nheads"], int)
@@ -357,20 +369,6 @@ def test_plot_writes_png(tmp_path) -> None:
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-# ------------------------------------------------------------------ progress
-
-
-def test_simple_progress(capsys) -> None:
-    bar = SimpleProgress(4, desc="t", file=sys.stderr)
-    bar.update(1)
-    bar.set_postfix_str("x")
-    bar.update(10)
-    assert bar.n == 4
-    bar.close()
-    err = capsys.readouterr().err
-    assert "\r" in err and "4/4" in err
-
-
 # ---------------------------------------------------------------------- main
 
 
@@ -398,3 +396,309 @@ def test_main_without_torch_returns_2(monkeypatch, capsys) -> None:
 
 def test_check_tolerance() -> None:
     assert CHECK_ATOL == pytest.approx(2e-2)
+
+
+# ----------------------------------------------------- head dims and --shape
+
+
+def test_parse_hdims_any_multiple_of_8() -> None:
+    assert parse_args(["--hdims", "96"]).hdims == [96]
+    assert parse_args(["--hdims", "32,96,192,256"]).hdims == [32, 96, 192, 256]
+    (cfg,) = build_grid([96], [1024], [False])
+    assert (cfg.batch, cfg.nheads, cfg.nheads_kv, cfg.seqlen_k) == (16, 21, 21, 1024)
+    assert config_flops(cfg) == 4 * 16 * 21 * 1024 * 1024 * 96
+
+
+def test_parse_shape_values() -> None:
+    args = parse_args(["--shape", "2,1000,3000,16,4,128"])
+    assert args.shapes == [Shape(2, 1000, 3000, 16, 4, 128)]
+    assert args.hdims is None and args.seqlens is None
+    assert args.causals == [False, True]
+    args = parse_args(["--shape", "1,64,64,8,8,64; 2,128,256,8,1,96", "--shape",
+                       "1,16,8,4,2,32", "--causal", "yes", "--quick"])
+    assert args.shapes == [Shape(1, 64, 64, 8, 8, 64), Shape(2, 128, 256, 8, 1, 96),
+                           Shape(1, 16, 8, 4, 2, 32)]
+    assert args.causals == [True]
+    assert args.rep == parse_args(["--quick"]).rep  # --quick shortens the timing
+    assert parse_shape(" 2, 1000,3000 ,16,4,128") == (2, 1000, 3000, 16, 4, 128)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "2,1000,3000,16,4",  # five values
+        "2,1000,3000,16,4,128,1",  # seven
+        "2,1000,3000,16,5,128",  # nheads not a multiple of nheads_kv
+        "2,0,3000,16,4,128",  # empty seqlen_q
+        "2,1000,3000,16,4,100",  # head dim not a multiple of 8
+        "2,1000,3000,16,4,512",  # head dim above 256
+        "a,b,c,d,e,f",
+        ";",
+    ],
+)
+def test_parse_shape_rejects(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc_info:
+        parse_args(["--shape", value])
+    assert exc_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --shape" in err
+
+
+@pytest.mark.parametrize("flag,value", [("--hdims", "64"), ("--seqlens", "1024"),
+                                        ("--plot", "p.png")])
+def test_shape_refuses_grid_flags(flag: str, value: str, capsys) -> None:
+    with pytest.raises(SystemExit) as exc_info:
+        parse_args(["--shape", "1,64,64,8,8,64", flag, value])
+    assert exc_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--shape" in err and flag in err
+
+
+def test_build_shapes() -> None:
+    shapes = [Shape(2, 1000, 3000, 16, 4, 128), Shape(1, 64, 64, 8, 8, 64),
+              Shape(2, 1000, 3000, 16, 4, 128)]
+    configs = build_shapes(shapes, [False, True], "bf16")
+    assert [(c.causal, c.batch, c.seqlen, c.seqlen_k, c.nheads, c.nheads_kv, c.hdim)
+            for c in configs] == [
+        (False, 2, 1000, 3000, 16, 4, 128), (False, 1, 64, 64, 8, 8, 64),
+        (True, 2, 1000, 3000, 16, 4, 128), (True, 1, 64, 64, 8, 8, 64),
+    ]
+    assert configs[0].seqlen_q == 1000
+    assert "seqlen_k=3000" in configs[0].label and "nheads_kv=4" in configs[0].label
+    assert configs[1].label == "bf16 hdim=64 non-causal seqlen=64 (batch=1, nheads=8)"
+    assert len({c.key for c in configs}) == len(configs)
+
+
+# --------------------------------------------------------------------- flops
+
+
+def _brute_force_pairs(seqlen_q: int, seqlen_k: int) -> int:
+    """(query, key) pairs of the bottom-right causal mask, counted one by one."""
+    return sum(1 for i in range(seqlen_q) for j in range(seqlen_k)
+               if j <= i + seqlen_k - seqlen_q)
+
+
+def test_causal_flops_count_bottom_right_pairs() -> None:
+    for seqlen_q in range(1, 12):
+        for seqlen_k in range(1, 12):
+            pairs = _brute_force_pairs(seqlen_q, seqlen_k)
+            assert causal_pairs(seqlen_q, seqlen_k) == pairs, (seqlen_q, seqlen_k)
+            if seqlen_q != seqlen_k:
+                b, h, d = 3, 5, 64
+                assert attention_flops(b, h, seqlen_q, seqlen_k, d, causal=True) == (
+                    4 * b * h * d * pairs)
+                assert attention_flops(b, h, seqlen_q, seqlen_k, d, causal=True,
+                                       backward=True) == 2.5 * 4 * b * h * d * pairs
+    # Query 0 sees keys 0..2, query 1 all 4: 7 pairs, not half of 2 * 4.
+    assert attention_flops(1, 1, 2, 4, 8, causal=True) == 4 * 8 * 7
+    # Larger sizes: the closed form against a row-by-row sum.
+    assert causal_pairs(1000, 3000) == sum(i + 2001 for i in range(1000))
+    assert causal_pairs(3000, 1000) == 1000 * 1001 // 2
+    cfg = build_shapes([Shape(2, 1000, 3000, 16, 4, 128)], [True])[0]
+    assert config_flops(cfg) == 4 * 2 * 16 * 128 * causal_pairs(1000, 3000)
+
+
+# -------------------------------------------------------------- FlashAttention-3
+
+
+def _fake_fa3_module(result: str = "tuple") -> types.ModuleType:
+    """A stand-in ``flash_attn_interface`` whose ``flash_attn_func`` records its calls."""
+    module = types.ModuleType("flash_attn_interface")
+    module.calls = []
+
+    def flash_attn_func(q, k, v, softmax_scale=None, causal=False):
+        module.calls.append({"shapes": (q.shape, k.shape, v.shape), "causal": causal})
+        out = q * 2
+        return (out, None) if result == "tuple" else out
+
+    module.flash_attn_func = flash_attn_func
+    return module
+
+
+def test_fa3_unavailable_without_flash_attn_interface(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "flash_attn_interface", None)
+    reason = impl_unavailable_reason("fa3", BUILD_INFO, (9, 0), None, True)
+    assert reason is not None and "fa3" in reason and "flash_attn_interface" in reason
+    notes = Notes()
+    assert "fa3" not in select_impls(None, BUILD_INFO, (9, 0), None, True, notes)
+    assert any("fa3" in note for note in notes)
+    assert parse_args(["--impls", "fa3"]).impls == ["fa3"]  # still a valid name
+
+
+def test_fa3_available_with_flash_attn_interface(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "flash_attn_interface", _fake_fa3_module())
+    assert impl_unavailable_reason("fa3", {}, (9, 0), "ImportError: no _C", False) is None
+    assert select_impls(["fa3"], {}, (9, 0), "ImportError: no _C", False, Notes()) == ["fa3"]
+    assert impl_skip_reason("fa3", 128, "bf16", {}, (9, 0)) is None
+    reason = impl_skip_reason("fa3", 96, "bf16", {}, (9, 0))
+    assert reason is not None and "hdim=96" in reason
+    reason = impl_skip_reason("fa3", 128, "fp16", {}, (9, 0))
+    assert reason is not None and "fp16" in reason
+
+
+@pytest.mark.parametrize("result", ["tuple", "tensor"])
+def test_fa3_forward_fn(monkeypatch, result: str) -> None:
+    torch = pytest.importorskip("torch")
+    from flashcute.bench.impls import backward_supported, make_forward_fn
+
+    module = _fake_fa3_module(result)
+    monkeypatch.setitem(sys.modules, "flash_attn_interface", module)
+    q = torch.randn(1, 5, 4, 16)
+    k = v = torch.randn(1, 9, 2, 16)
+    out = make_forward_fn("fa3", q, k, v, True)()
+    assert torch.equal(out, q * 2)
+    assert module.calls == [{"shapes": (q.shape, k.shape, v.shape), "causal": True}]
+    assert backward_supported("fa3")
+
+
+# ---------------------------------------------------------------- SDPA masks
+
+
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(5, 9), (9, 5), (6, 6)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_solves_flashcutes_problem(seqlen_q: int, seqlen_k: int, causal: bool) -> None:
+    # GQA, seqlen_q != seqlen_k and bottom-right causal, against flashcute's reference.
+    torch = pytest.importorskip("torch")
+    import flashcute.reference
+    from flashcute.bench.impls import make_forward_fn
+    from flashcute.bench.timing import reference_output
+
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, seqlen_q, 4, 16, generator=gen)
+    k = torch.randn(2, seqlen_k, 2, 16, generator=gen)
+    v = torch.randn(2, seqlen_k, 2, 16, generator=gen)
+    expected = flashcute.reference.attention(q, k, v, causal=causal).float()
+    ref = reference_output(q, k, v, causal)
+    torch.testing.assert_close(ref, expected, atol=1e-5, rtol=1e-5)
+    if seqlen_q <= seqlen_k:  # rows with no key to see are SDPA's NaN; ref zeroes them
+        out = make_forward_fn("sdpa-flash", q, k, v, causal)().transpose(1, 2)
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_sdpa_mask_note() -> None:
+    from flashcute.bench.impls import sdpa_mask_note
+
+    note = sdpa_mask_note("sdpa-cudnn", True, 1000, 3000)
+    assert note is not None and "causal_lower_right" in note
+    assert sdpa_mask_note("sdpa-cudnn", True, 1000, 1000) is None
+    assert sdpa_mask_note("sdpa-cudnn", False, 1000, 3000) is None
+    assert sdpa_mask_note("flashcute-hopper", True, 1000, 3000) is None
+
+
+# ------------------------------------------------------- run loop and --check
+
+
+def _run_fake_benchmark(
+    monkeypatch, mismatching: str, impls: list[str], reference=lambda q, k, v, causal: q,
+) -> tuple[list, Notes]:
+    """run_benchmark on CPU with the inputs, --check and timing stubbed out."""
+    torch = pytest.importorskip("torch")
+    from flashcute.bench import timing
+
+    def fake_inputs(cfg, *, seed=0, device="cuda"):
+        return (torch.zeros(1), torch.zeros(1), torch.zeros(1))
+
+    def fake_check(impl, cfg, q, k, v, ref, *, atol=CHECK_ATOL):
+        if impl == mismatching:
+            raise CheckError(f"--check failed: {impl}", detail="max abs error 1.0")
+
+    def fake_time(impl, cfg, q, k, v, *, warmup_ms, rep_ms, bwd, notes):
+        return BenchRow.from_config(impl, cfg, 100.0)
+
+    monkeypatch.setattr(timing, "make_inputs", fake_inputs)
+    monkeypatch.setattr(timing, "reference_output", reference)
+    monkeypatch.setattr(timing, "check_impl", fake_check)
+    monkeypatch.setattr(timing, "time_impl", fake_time)
+    monkeypatch.setitem(sys.modules, "flash_attn_interface", _fake_fa3_module())
+    notes = Notes()
+    configs = build_shapes([Shape(1, 64, 128, 8, 2, 128)], [True])
+    rows = timing.run_benchmark(
+        configs, impls, build_info=BUILD_INFO, capability=(9, 0), warmup_ms=1.0, rep_ms=1.0,
+        bwd=False, check=True, seed=0, notes=notes, progress=make_progress(1, enabled=False),
+    )
+    return rows, notes
+
+
+def test_check_skips_mismatching_fa3(monkeypatch) -> None:
+    rows, notes = _run_fake_benchmark(monkeypatch, "fa3",
+                                      ["flashcute-hopper", "sdpa-cudnn", "fa3"])
+    assert [r.impl for r in rows] == ["flashcute-hopper", "sdpa-cudnn"]
+    assert (rows[0].seqlen, rows[0].seqlen_k, rows[0].nheads_kv) == (64, 128, 2)
+    assert any(n.startswith("fa3 skipped") and "max abs error 1.0" in n for n in notes)
+    assert any("causal_lower_right" in n for n in notes)  # sdpa-cudnn, seqlen_q != seqlen_k
+
+
+def test_check_skips_when_the_reference_fails(monkeypatch) -> None:
+    def failing_reference(q, k, v, causal):
+        raise RuntimeError("no kernel")
+
+    rows, notes = _run_fake_benchmark(monkeypatch, "", ["flashcute-hopper", "sdpa-cudnn"],
+                                      reference=failing_reference)
+    assert [r.impl for r in rows] == ["sdpa-cudnn"]
+    assert any("flashcute-hopper skipped" in n and "no kernel" in n for n in notes)
+
+
+def test_check_aborts_on_mismatching_flashcute(monkeypatch) -> None:
+    with pytest.raises(CheckError):
+        _run_fake_benchmark(monkeypatch, "flashcute-hopper", ["flashcute-hopper", "fa3"])
+
+
+# --------------------------------------------------------- table and json shapes
+
+
+def test_format_table_shapes_and_fa3_ratio() -> None:
+    cfg = build_shapes([Shape(2, 1000, 3000, 16, 4, 128)], [True])[0]
+    rows = [BenchRow.from_config("flashcute-hopper", cfg, 300.0),
+            BenchRow.from_config("sdpa-cudnn", cfg, 200.0),
+            BenchRow.from_config("fa3", cfg, 250.0)]
+    header, _, line = format_table(rows, ["flashcute-hopper", "sdpa-cudnn", "fa3"]).splitlines()
+    assert header.split()[:8] == ["dtype", "hdim", "causal", "seqlen_q", "seqlen_k", "batch",
+                                  "nheads", "nheads_kv"]
+    assert "hopper/cudnn" in header and "hopper/fa3" in header
+    assert line.split() == ["bf16", "128", "yes", "1000", "3000", "2", "16", "4",
+                            "300.0", "200.0", "250.0", "1.50x", "1.20x"]
+    doc = results_to_json(rows, device="d", torch_version="t", flashcute_version=None,
+                          dtype="bf16")
+    row = json.loads(json.dumps(doc))["rows"][0]
+    assert {k: row[k] for k in ("batch", "seqlen_q", "seqlen_k", "nheads", "nheads_kv",
+                                "hdim", "seqlen")} == {
+        "batch": 2, "seqlen_q": 1000, "seqlen_k": 3000, "nheads": 16, "nheads_kv": 4,
+        "hdim": 128, "seqlen": 1000}
+
+
+# ------------------------------------------------------------------ progress
+
+
+def test_progress_without_tqdm_draws_nothing(monkeypatch, capsys) -> None:
+    from flashcute.bench import report
+
+    assert not hasattr(report, "SimpleProgress")  # no hand-written bar
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    bar = make_progress(4)
+    bar.set_postfix_str("x")
+    bar.update(1)
+    bar.close()
+    assert capsys.readouterr().err == ""
+
+
+def test_progress_uses_tqdm(monkeypatch) -> None:
+    module = types.ModuleType("tqdm")
+
+    class FakeTqdm:
+        def __init__(self, **kwargs):
+            self.kwargs, self.n = kwargs, 0
+
+        def set_postfix_str(self, text):
+            self.postfix = text
+
+        def update(self, n=1):
+            self.n += n
+
+        def close(self):
+            pass
+
+    module.tqdm = FakeTqdm
+    monkeypatch.setitem(sys.modules, "tqdm", module)
+    bar = make_progress(4)
+    assert isinstance(bar, FakeTqdm) and bar.kwargs["total"] == 4
+    assert not isinstance(make_progress(4, enabled=False), FakeTqdm)

@@ -27,6 +27,14 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
+def _shape_list(text: str) -> list[grid.Shape]:
+    """argparse type: one or more ``;``-separated ``b,sq,sk,h,hkv,d`` shapes."""
+    try:
+        return grid.parse_shapes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _impl_list(text: str) -> list[str]:
     """argparse type: comma-separated implementation names, or ``all``."""
     names = [tok.strip() for tok in text.split(",") if tok.strip()]
@@ -49,19 +57,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=_PROG,
         description=(
-            "Forward attention TFLOP/s of flashcute vs PyTorch SDPA on the "
+            "Attention TFLOP/s of flashcute vs PyTorch SDPA and FlashAttention-3 on the "
             f"FlashAttention-3 grid (batch*seqlen={grid.TOTAL_TOKENS}, "
-            f"nheads*hdim={grid.TOTAL_HIDDEN})."
+            f"nheads*hdim={grid.TOTAL_HIDDEN}), or on the shapes given with --shape."
         ),
     )
     add = parser.add_argument
     for flag, what, default, quick in (
-        ("--hdims", "head dims", grid.DEFAULT_HDIMS, grid.QUICK_HDIMS),
-        ("--seqlens", "sequence lengths", grid.DEFAULT_SEQLENS, grid.QUICK_SEQLENS),
+        ("--hdims", "head dims (multiples of 8 up to 256; nheads = 2048 // hdim)",
+         grid.DEFAULT_HDIMS, grid.QUICK_HDIMS),
+        ("--seqlens", "sequence lengths (divisors of 16384; batch = 16384 // seqlen)",
+         grid.DEFAULT_SEQLENS, grid.QUICK_SEQLENS),
     ):
         add(flag, type=_int_list, default=None,
-            help=f"comma-separated {what} (default: {','.join(map(str, default))}; "
+            help=f"grid: comma-separated {what} (default: {','.join(map(str, default))}; "
             f"with --quick: {','.join(map(str, quick))})")
+    add("--shape", type=_shape_list, action="append", default=None, metavar=grid.SHAPE_FORMAT,
+        help="time exactly this shape instead of the grid: batch, seqlen_q, seqlen_k, nheads, "
+        "nheads_kv (GQA: divides nheads), hdim; repeat the flag or separate shapes with ';' "
+        "(e.g. --shape '2,1000,3000,16,4,128;1,4096,4096,32,8,64'). Not with --hdims, "
+        "--seqlens or --plot; --causal and --dtype apply, --quick only shortens the timing")
     add("--causal", choices=("both", "yes", "no"), default="both",
         help="which masks to run (default: both)")
     add("--dtype", choices=grid.DTYPE_CHOICES, default="bf16", help="default: bf16")
@@ -73,9 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
         "head dim, else the Ampere path)")
     add("--check", action="store_true",
         help=f"compare each flashcute config against SDPA first and abort if "
-        f"the max abs error exceeds {grid.CHECK_ATOL:g}")
+        f"the max abs error exceeds {grid.CHECK_ATOL:g} (fa3 too: a mismatch skips it on "
+        f"that config with a note)")
     add("--json", metavar="PATH", help="write results as JSON")
-    add("--plot", metavar="PATH", help="write a PNG of TFLOP/s vs seqlen (needs matplotlib)")
+    add("--plot", metavar="PATH",
+        help="write a PNG of TFLOP/s vs seqlen (grid only; needs matplotlib)")
     add("--quick", action="store_true",
         help="smoke run: hdim 128, seqlens 512,2048,8192, short timing")
     for flag, what, default_ms, quick_ms in (
@@ -89,22 +106,37 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"time every implementation this many times, alternating between them, and "
         f"report each one's median (default: {grid.DEFAULT_ROUNDS}, --quick: 1)")
     add("--seed", type=int, default=0, help="RNG seed (default: 0)")
-    add("--no-progress", action="store_true", help="do not draw a progress bar")
+    add("--no-progress", action="store_true",
+        help="do not draw the progress bar (drawn with tqdm, when installed)")
     return parser
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse and validate the command line, resolving ``--quick`` defaults.
 
-    After parsing, ``hdims``/``seqlens`` are lists of ints, ``causals`` a list
-    of bools, ``impls`` a list of names (``None`` meaning "all available"),
-    and ``warmup``/``rep`` floats in milliseconds.
+    After parsing, ``shapes`` is the list of ``--shape`` shapes (empty for the
+    grid); for the grid ``hdims``/``seqlens`` are lists of ints (``None`` with
+    ``--shape``); ``causals`` is a list of bools, ``impls`` a list of names
+    (``None`` meaning "all available"), and ``warmup``/``rep`` floats in
+    milliseconds.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.shapes = [shape for group in args.shape or () for shape in group]
+    if args.shapes:
+        given = [flag for flag, value in (("--hdims", args.hdims), ("--seqlens", args.seqlens),
+                                          ("--plot", args.plot)) if value is not None]
+        if given:
+            parser.error(f"--shape times only the given shapes; it cannot be combined with "
+                         f"{' or '.join(given)}")
+    else:
+        for name, default, quick in (
+            ("hdims", list(grid.DEFAULT_HDIMS), list(grid.QUICK_HDIMS)),
+            ("seqlens", list(grid.DEFAULT_SEQLENS), list(grid.QUICK_SEQLENS)),
+        ):
+            if getattr(args, name) is None:
+                setattr(args, name, quick if args.quick else default)
     for name, default, quick in (
-        ("hdims", list(grid.DEFAULT_HDIMS), list(grid.QUICK_HDIMS)),
-        ("seqlens", list(grid.DEFAULT_SEQLENS), list(grid.QUICK_SEQLENS)),
         ("warmup", grid.DEFAULT_WARMUP_MS, grid.QUICK_WARMUP_MS),
         ("rep", grid.DEFAULT_REP_MS, grid.QUICK_REP_MS),
         ("rounds", grid.DEFAULT_ROUNDS, 1),
@@ -116,10 +148,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")
     args.causals = causal_values(args.causal)
-    try:
-        grid.validate_grid(args.hdims, args.seqlens)
-    except ValueError as exc:
-        parser.error(str(exc))
+    if not args.shapes:
+        try:
+            grid.validate_grid(args.hdims, args.seqlens)
+        except ValueError as exc:
+            parser.error(str(exc))
     return args
 
 
@@ -129,6 +162,16 @@ def causal_values(choice: str) -> list[bool]:
         return {"both": [False, True], "yes": [True], "no": [False]}[choice]
     except KeyError:
         raise ValueError(f"--causal must be one of both|yes|no, got {choice!r}") from None
+
+
+def _problem(args: argparse.Namespace) -> str:
+    """What is timed, for the output header: the grid's rule or the ``--shape`` list."""
+    if args.shapes:
+        listed = " ".join(",".join(map(str, shape)) for shape in dict.fromkeys(args.shapes))
+        return f"shapes ({grid.SHAPE_FORMAT}): {listed}"
+    if all(grid.TOTAL_HIDDEN % hdim == 0 for hdim in args.hdims):
+        return f"batch*seqlen={grid.TOTAL_TOKENS}  nheads*hdim={grid.TOTAL_HIDDEN}"
+    return f"batch*seqlen={grid.TOTAL_TOKENS}  nheads={grid.TOTAL_HIDDEN}//hdim"
 
 
 def _fail(message: str, code: int) -> int:
@@ -179,15 +222,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     fc_version = impls.flashcute_version(fc, build_info)
     print(f"device: {device_name} (sm{major}{minor})  "
           f"torch {torch.__version__}  flashcute {fc_version or 'n/a'}")
-    print(f"dtype {args.dtype}  batch*seqlen={grid.TOTAL_TOKENS}  "
-          f"nheads*hdim={grid.TOTAL_HIDDEN}  timer: {timing.timer_name()} "
+    print(f"dtype {args.dtype}  {_problem(args)}  timer: {timing.timer_name()} "
           f"(median, warmup {args.warmup:g} ms, rep {args.rep:g} ms; median of "
           f"{args.rounds} alternating round{'s' if args.rounds > 1 else ''})")
-    print("values: fwd TFLOP/s; ratios: flashcute-X / sdpa-Y fwd TFLOP/s"
+    print("values: fwd TFLOP/s; ratios: flashcute-X / sdpa-Y or fa3 fwd TFLOP/s"
           + ("; '... bwd' columns: the same for the backward" if args.bwd else ""))
     sys.stdout.flush()
 
-    configs = grid.build_grid(args.hdims, args.seqlens, args.causals, args.dtype)
+    if args.shapes:
+        configs = grid.build_shapes(args.shapes, args.causals, args.dtype)
+    else:
+        configs = grid.build_grid(args.hdims, args.seqlens, args.causals, args.dtype)
     progress = report.make_progress(len(configs) * len(chosen), enabled=not args.no_progress)
     try:
         with contextlib.closing(progress):

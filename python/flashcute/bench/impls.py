@@ -1,16 +1,27 @@
-"""The implementations: availability, lazy access to flashcute, and their callables.
+"""The implementations: availability, lazy access to flashcute and FlashAttention-3, callables.
 
-The availability helpers are pure; everything that runs an implementation
-imports ``torch`` (and ``flashcute``) only when called.
+The availability helpers are pure (FlashAttention-3's only tries the import);
+everything that runs an implementation imports ``torch`` (and ``flashcute``
+or ``flash_attn_interface``) only when called.
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .grid import FLASHCUTE_IMPLS, IMPLS, SDPA_IMPLS, Notes, short_impl
+from .grid import (
+    FA3_DTYPES,
+    FA3_HDIMS,
+    FA3_IMPLS,
+    FLASHCUTE_IMPLS,
+    IMPLS,
+    SDPA_IMPLS,
+    Notes,
+    short_impl,
+)
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torch import Tensor
@@ -70,10 +81,13 @@ def impl_skip_reason(
 ) -> str | None:
     """Why ``impl`` cannot run ``(hdim, dtype)`` here, or ``None`` if it can.
 
-    Only flashcute implementations are filtered up front (from
-    ``flashcute.build_info()`` and the device's compute capability); SDPA
+    flashcute implementations are filtered up front from
+    ``flashcute.build_info()`` and the device's compute capability,
+    FlashAttention-3 by :data:`FA3_HDIMS` and :data:`FA3_DTYPES`; SDPA
     backends are tried and any exception is reported as a note instead.
     """
+    if impl in FA3_IMPLS:
+        return _fa3_skip_reason(impl, hdim, dtype)
     if impl not in FLASHCUTE_IMPLS:
         return None
     backend = short_impl(impl)
@@ -119,6 +133,37 @@ def impl_unavailable_reason(
         return None
     if impl == "sdpa-cudnn" and not has_cudnn_sdpa:
         return f"{impl} skipped: this PyTorch has no SDPBackend.CUDNN_ATTENTION"
+    if impl in FA3_IMPLS:
+        error = fa3_import_error()
+        if error is not None:
+            return f"{impl} skipped: FlashAttention-3 is not importable ({error})"
+    return None
+
+
+def _fa3_skip_reason(impl: str, hdim: int, dtype: str) -> str | None:
+    """Why FlashAttention-3 is not timed for ``(hdim, dtype)``, or ``None``."""
+    if hdim not in FA3_HDIMS:
+        return f"{impl} skipped for hdim={hdim}: timed for head dims {list(FA3_HDIMS)}"
+    if dtype not in FA3_DTYPES:
+        return f"{impl} skipped for {dtype}: timed for dtypes {list(FA3_DTYPES)}"
+    return None
+
+
+def _import_fa3() -> Callable[..., Any]:
+    """``flash_attn_interface.flash_attn_func`` (raises when it cannot be imported)."""
+    from flash_attn_interface import flash_attn_func  # noqa: PLC0415 - deliberately lazy
+
+    if not callable(flash_attn_func):
+        raise ImportError("flash_attn_interface.flash_attn_func is not callable")
+    return flash_attn_func
+
+
+def fa3_import_error() -> str | None:
+    """Why ``from flash_attn_interface import flash_attn_func`` fails, or ``None``."""
+    try:
+        _import_fa3()
+    except Exception as exc:  # noqa: BLE001 - any failure means "unavailable"
+        return short_error(exc)
     return None
 
 
@@ -169,7 +214,9 @@ def flashcute_backward_available() -> bool:
 
 def backward_supported(impl: str) -> bool:
     """Whether ``--bwd`` times a backward pass for ``impl``."""
-    return impl in SDPA_IMPLS or (impl in FLASHCUTE_IMPLS and flashcute_backward_available())
+    if impl in SDPA_IMPLS or impl in FA3_IMPLS:
+        return True
+    return impl in FLASHCUTE_IMPLS and flashcute_backward_available()
 
 
 def load_flashcute() -> tuple[Any | None, dict[str, Any], str | None]:
@@ -209,7 +256,7 @@ def impl_context(impl: str) -> contextlib.AbstractContextManager[Any]:
     """Context manager to enter around every call of ``impl``.
 
     SDPA implementations are pinned to one backend with
-    ``torch.nn.attention.sdpa_kernel``; flashcute needs nothing.
+    ``torch.nn.attention.sdpa_kernel``; flashcute and FlashAttention-3 need nothing.
     """
     if impl not in SDPA_IMPLS:
         return contextlib.nullcontext()
@@ -222,25 +269,76 @@ def impl_context(impl: str) -> contextlib.AbstractContextManager[Any]:
     return sdpa_kernel(backends[impl])
 
 
+def sdpa_mask_note(impl: str, causal: bool, seqlen_q: int, seqlen_k: int) -> str | None:
+    """The note for SDPA on a causal problem with ``seqlen_q != seqlen_k``, else ``None``.
+
+    SDPA's ``is_causal`` aligns the mask top-left, flashcute and
+    FlashAttention-3 bottom-right; :func:`sdpa_forward` then passes torch's
+    bottom-right ``CausalBias`` instead, so that every implementation solves
+    the same problem.
+    """
+    if impl not in SDPA_IMPLS or not causal or seqlen_q == seqlen_k:
+        return None
+    return (
+        f"{impl}: causal with seqlen_q != seqlen_k runs with "
+        "torch.nn.attention.bias.causal_lower_right (is_causal is aligned top-left); "
+        "a backend without a bottom-right causal kernel gets it as a dense boolean mask"
+    )
+
+
+def sdpa_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Callable[[], Tensor]:
+    """A callable running SDPA on ``(batch, seqlen, nheads, hdim)`` tensors.
+
+    It computes flashcute's problem: causal is bottom-right aligned when
+    ``seqlen_q != seqlen_k`` (see :func:`sdpa_mask_note`), and ``nheads_kv <
+    nheads`` uses ``enable_gqa``.  Its output has SDPA's ``(batch, nheads,
+    seqlen, hdim)`` layout.
+    """
+    import torch.nn.functional as F  # noqa: PLC0415
+
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    kwargs: dict[str, Any] = {}
+    if q.shape[2] != k.shape[2]:
+        kwargs["enable_gqa"] = True
+    if causal and seqlen_q != seqlen_k:
+        from torch.nn.attention.bias import causal_lower_right  # noqa: PLC0415
+
+        with warnings.catch_warnings():
+            # It warns of NaN rows when seqlen_q > seqlen_k: rows with no key, expected.
+            warnings.simplefilter("ignore")
+            kwargs["attn_mask"] = causal_lower_right(seqlen_q, seqlen_k)
+    else:
+        kwargs["is_causal"] = causal
+    return lambda: F.scaled_dot_product_attention(qt, kt, vt, **kwargs)
+
+
 def make_forward_fn(
     impl: str, q: Tensor, k: Tensor, v: Tensor, causal: bool
 ) -> Callable[[], Tensor]:
     """A zero-argument callable running one forward pass of ``impl``.
 
-    ``q, k, v`` are in ``(batch, seqlen, nheads, hdim)`` layout; SDPA gets
-    ``(batch, nheads, seqlen, hdim)`` transposed views and must be called
-    inside :func:`impl_context`.  The returned output is in the callee's
-    native layout.
+    ``q`` is ``(batch, seqlen_q, nheads, hdim)``, ``k, v`` ``(batch, seqlen_k,
+    nheads_kv, hdim)``; causal is bottom-right aligned for every
+    implementation.  SDPA gets ``(batch, nheads, seqlen, hdim)`` transposed
+    views and must be called inside :func:`impl_context`.  The returned output
+    is in the callee's native layout; FlashAttention-3's is its output tensor
+    whether its version returns ``out`` or ``(out, lse)``.
     """
     if impl in FLASHCUTE_IMPLS:
         fc = _import_flashcute()
         backend = short_impl(impl)
         return lambda: fc.attention(q, k, v, causal=causal, backend=backend)
     if impl in SDPA_IMPLS:
-        import torch.nn.functional as F  # noqa: PLC0415
+        return sdpa_forward(q, k, v, causal)
+    if impl in FA3_IMPLS:
+        fa3 = _import_fa3()
 
-        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        return lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+        def run_fa3() -> Tensor:
+            result = fa3(q, k, v, causal=causal)
+            return result[0] if isinstance(result, tuple) else result
+
+        return run_fa3
     raise ValueError(f"unknown implementation {impl!r}")
 
 

@@ -1,4 +1,4 @@
-"""Output: the results table, JSON, the PNG plot, notes and the progress bar."""
+"""Output: the results table, JSON, the PNG plot, notes and the progress bar (tqdm)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol, TextIO
+from typing import Any, Protocol
 
-from .grid import IMPLS, BenchError, BenchRow, RowKey, short_impl
+from .grid import BASELINE_IMPLS, FLASHCUTE_IMPLS, IMPLS, BenchError, BenchRow, RowKey, short_impl
 
 
 def _ordered_impls(rows: Sequence[BenchRow]) -> list[str]:
@@ -25,18 +25,19 @@ def _fmt_tflops(row: BenchRow | None, backward: bool = False) -> str:
 def format_table(rows: Sequence[BenchRow], impls: Sequence[str] | None = None) -> str:
     """Render results as a fixed-width text table.
 
-    One line per (dtype, hdim, causal, seqlen), in first-seen order; columns
-    are the forward TFLOP/s of each implementation, then the ratios
-    ``flashcute-X / sdpa-Y`` for each flashcute and SDPA implementation, then
-    backward TFLOP/s for implementations with backward results and the same
-    ratios of backward TFLOP/s where both sides have them.  Missing
-    measurements show as ``-``.
+    One line per configuration, in first-seen order; columns are the shape
+    (``seqlen_k`` and ``nheads_kv`` only when some row differs from
+    ``seqlen``/``nheads``), the forward TFLOP/s of each implementation, then
+    the ratios ``flashcute-X / Y`` for each flashcute implementation and
+    baseline (SDPA, FlashAttention-3), then backward TFLOP/s for
+    implementations with backward results and the same ratios of backward
+    TFLOP/s where both sides have them.  Missing measurements show as ``-``.
     """
     impls = list(impls) if impls is not None else _ordered_impls(rows)
     ratio_pairs = [
         (f, s)
-        for f in impls if f.startswith("flashcute-")
-        for s in impls if s.startswith("sdpa-")
+        for f in impls if f in FLASHCUTE_IMPLS
+        for s in impls if s in BASELINE_IMPLS
     ]
     bwd_impls = [i for i in impls if any(r.impl == i and r.bwd_tflops is not None for r in rows)]
     bwd_pairs = [(f, s) for f, s in ratio_pairs if f in bwd_impls and s in bwd_impls]
@@ -46,7 +47,12 @@ def format_table(rows: Sequence[BenchRow], impls: Sequence[str] | None = None) -
         by_key.setdefault(r.key, {})[r.impl] = r
         first.setdefault(r.key, r)
 
-    headers = ["dtype", "hdim", "causal", "seqlen", "batch", "nheads", *impls]
+    full_shape = any(r.seqlen_k != r.seqlen or r.nheads_kv != r.nheads for r in rows)
+    if full_shape:
+        headers = ["dtype", "hdim", "causal", "seqlen_q", "seqlen_k", "batch", "nheads",
+                   "nheads_kv", *impls]
+    else:
+        headers = ["dtype", "hdim", "causal", "seqlen", "batch", "nheads", *impls]
     headers += [f"{short_impl(f)}/{short_impl(s)}" for f, s in ratio_pairs]
     headers += [f"{i} bwd" for i in bwd_impls]
     headers += [f"{short_impl(f)}/{short_impl(s)} bwd" for f, s in bwd_pairs]
@@ -54,8 +60,12 @@ def format_table(rows: Sequence[BenchRow], impls: Sequence[str] | None = None) -
     body: list[list[str]] = []
     for key, per_impl in by_key.items():
         m = first[key]
-        cells = [m.dtype, str(m.hdim), "yes" if m.causal else "no", str(m.seqlen),
-                 str(m.batch), str(m.nheads)]
+        if full_shape:
+            cells = [m.dtype, str(m.hdim), "yes" if m.causal else "no", str(m.seqlen),
+                     str(m.seqlen_k), str(m.batch), str(m.nheads), str(m.nheads_kv)]
+        else:
+            cells = [m.dtype, str(m.hdim), "yes" if m.causal else "no", str(m.seqlen),
+                     str(m.batch), str(m.nheads)]
         cells += [_fmt_tflops(per_impl.get(i)) for i in impls]
         for f, s in ratio_pairs:
             if f in per_impl and s in per_impl and per_impl[s].fwd_tflops > 0:
@@ -144,6 +154,8 @@ def plot_results(
     """PNG of TFLOP/s vs seqlen: one subplot per (hdim, causal), one line per impl.
 
     Forward results are solid lines; backward results, when present, dashed.
+    Meant for the grid (one batch and head count per seqlen and hdim), so
+    the command line refuses ``--plot`` with ``--shape``.
     """
     plt = import_pyplot()
     hdims = sorted({r.hdim for r in rows})
@@ -199,51 +211,8 @@ class Progress(Protocol):
     def close(self) -> None: ...  # noqa: D102
 
 
-class SimpleProgress:
-    """Minimal one-line ``\\r`` progress bar (used when tqdm is missing)."""
-
-    def __init__(
-        self, total: int, desc: str = "", file: TextIO | None = None, width: int = 30
-    ) -> None:
-        self.total = max(total, 0)
-        self.n = 0
-        self.desc = desc
-        self.file = file if file is not None else sys.stderr
-        self.width = width
-        self._postfix = ""
-        self._last_len = 0
-        self._render()
-
-    def _render(self) -> None:
-        frac = self.n / self.total if self.total else 1.0
-        filled = int(round(frac * self.width))
-        bar = "#" * filled + "." * (self.width - filled)
-        text = f"{self.desc} [{bar}] {self.n}/{self.total}"
-        if self._postfix:
-            text += f" {self._postfix}"
-        pad = max(0, self._last_len - len(text))
-        self.file.write("\r" + text + " " * pad)
-        self.file.flush()
-        self._last_len = len(text)
-
-    def set_postfix_str(self, text: str) -> None:
-        """Show ``text`` after the counter."""
-        self._postfix = text
-        self._render()
-
-    def update(self, n: int = 1) -> None:
-        """Advance by ``n`` steps."""
-        self.n = min(self.total, self.n + n)
-        self._render()
-
-    def close(self) -> None:
-        """Erase the bar."""
-        self.file.write("\r" + " " * self._last_len + "\r")
-        self.file.flush()
-
-
 class _NullProgress:
-    """Progress sink that draws nothing (``--no-progress``)."""
+    """Progress sink that draws nothing (``--no-progress``, or no tqdm)."""
 
     def set_postfix_str(self, text: str) -> None:
         pass
@@ -256,13 +225,13 @@ class _NullProgress:
 
 
 def make_progress(total: int, *, enabled: bool = True) -> Progress:
-    """A progress bar on stderr: tqdm if importable, else :class:`SimpleProgress`."""
+    """A tqdm progress bar on stderr; one that draws nothing without tqdm or when disabled."""
     if not enabled:
         return _NullProgress()
     try:
         from tqdm import tqdm  # noqa: PLC0415
     except ImportError:
-        return SimpleProgress(total, desc="flashcute.bench", file=sys.stderr)
+        return _NullProgress()
     bar: Progress = tqdm(total=total, desc="flashcute.bench", file=sys.stderr, leave=False,
                          dynamic_ncols=True)
     return bar

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from .grid import (
     CHECK_ATOL,
+    FA3_IMPLS,
     FLASHCUTE_IMPLS,
     BenchConfig,
     BenchRow,
@@ -29,6 +30,8 @@ from .impls import (
     impl_skip_reason,
     make_backward_fn,
     make_forward_fn,
+    sdpa_forward,
+    sdpa_mask_note,
     short_error,
 )
 
@@ -63,14 +66,19 @@ def require_cuda() -> Any:
 def make_inputs(
     cfg: BenchConfig, *, seed: int = 0, device: str = "cuda"
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Random q, k, v of shape ``(batch, seqlen, nheads, hdim)`` on ``device``."""
+    """Random q, k, v on ``device``.
+
+    q is ``(batch, seqlen_q, nheads, hdim)``, k and v ``(batch, seqlen_k, nheads_kv, hdim)``.
+    """
     import torch  # noqa: PLC0415
 
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
-    shape = (cfg.batch, cfg.seqlen, cfg.nheads, cfg.hdim)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[cfg.dtype]
-    q, k, v = (torch.randn(shape, generator=gen, device=device, dtype=dtype) for _ in range(3))
+    q_shape = (cfg.batch, cfg.seqlen, cfg.nheads, cfg.hdim)
+    kv_shape = (cfg.batch, cfg.seqlen_k, cfg.nheads_kv, cfg.hdim)
+    q, k, v = (torch.randn(shape, generator=gen, device=device, dtype=dtype)
+               for shape in (q_shape, kv_shape, kv_shape))
     return q, k, v
 
 
@@ -181,19 +189,22 @@ def median_row(rows: Sequence[BenchRow]) -> BenchRow:
 
 
 def reference_output(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
-    """SDPA output in ``(batch, seqlen, nheads, hdim)`` layout.
+    """SDPA output of flashcute's problem, in ``(batch, seqlen_q, nheads, hdim)`` layout.
 
-    PyTorch picks among its backends (flash, cuDNN, efficient, math).
+    PyTorch picks among its backends (flash, cuDNN, efficient, math).  Causal
+    is bottom-right aligned (:func:`~.impls.sdpa_forward`); query rows with no
+    key to see (causal, ``seqlen_q > seqlen_k``) are zero, as in flashcute,
+    where SDPA may leave NaN.
     """
     import torch  # noqa: PLC0415
-    import torch.nn.functional as F  # noqa: PLC0415
 
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal
-        )
-    return out.transpose(1, 2)
+        out = sdpa_forward(q, k, v, causal)().transpose(1, 2)
+    empty_rows = q.shape[1] - k.shape[1]
+    if causal and empty_rows > 0:
+        out[:, :empty_rows] = 0
+    return out
 
 
 def check_impl(
@@ -201,6 +212,9 @@ def check_impl(
     *, atol: float = CHECK_ATOL,
 ) -> None:
     """Raise :class:`CheckError` if ``impl`` deviates from ``ref`` by > ``atol``.
+
+    ``ref`` is :func:`reference_output`, in flashcute's layout (which
+    FlashAttention-3 shares).
 
     Exceptions raised by ``impl`` itself propagate (the caller treats them
     as "unsupported configuration").
@@ -217,11 +231,21 @@ def check_impl(
         err = float((out.float() - ref.float()).abs().max().item())
         err = err if math.isfinite(err) else math.inf
     if not err <= atol:
+        detail = f"max abs error {err:.3e} > {atol:g} vs PyTorch SDPA{shape_note}"
         raise CheckError(
-            f"--check failed: {impl} on {cfg.label}: max abs error {err:.3e} "
-            f"> {atol:g} vs PyTorch SDPA{shape_note}; refusing to benchmark a "
-            f"kernel that gives wrong results"
+            f"--check failed: {impl} on {cfg.label}: {detail}; refusing to benchmark a "
+            f"kernel that gives wrong results",
+            detail=detail,
         )
+
+
+def _progress_label(cfg: BenchConfig) -> str:
+    """The configuration, briefly, for the progress bar."""
+    mask = "causal" if cfg.causal else "full"
+    if cfg.seqlen_k == cfg.seqlen and cfg.nheads_kv == cfg.nheads:
+        return f"hdim={cfg.hdim} {mask} s={cfg.seqlen}"
+    return (f"{cfg.batch},{cfg.seqlen},{cfg.seqlen_k},{cfg.nheads},{cfg.nheads_kv},{cfg.hdim} "
+            f"{mask}")
 
 
 def run_benchmark(
@@ -232,8 +256,11 @@ def run_benchmark(
     """Measure every implementation on every configuration of ``grid``, ``rounds`` times
     in alternation, keeping each one's median.
 
-    Raises :class:`CheckError` when ``check`` is set and a flashcute output
-    disagrees with SDPA.
+    With ``check``, every flashcute implementation and FlashAttention-3 is
+    first compared against SDPA on each configuration: a flashcute mismatch
+    raises :class:`CheckError`; a FlashAttention-3 mismatch drops it from that
+    configuration with a note (a baseline that computes something else is not
+    timed, and does not stop flashcute's run).
     """
     import torch  # noqa: PLC0415
 
@@ -243,22 +270,31 @@ def run_benchmark(
         ref: Tensor | None = None
         runnable: list[str] = []
         for impl in impls:
-            mask = "causal" if cfg.causal else "full"
-            progress.set_postfix_str(f"{impl} hdim={cfg.hdim} {mask} s={cfg.seqlen}")
+            progress.set_postfix_str(f"{impl} {_progress_label(cfg)}")
             reason = impl_skip_reason(impl, cfg.hdim, cfg.dtype, build_info, capability)
-            if reason is None and check and impl in FLASHCUTE_IMPLS:
-                if ref is None:
-                    ref = reference_output(q, k, v, cfg.causal)
+            if reason is None and check and impl in FLASHCUTE_IMPLS + FA3_IMPLS:
                 try:
-                    check_impl(impl, cfg, q, k, v, ref)
-                except CheckError:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - unsupported config
-                    reason = f"{impl} failed on {cfg.label}: {short_error(exc)}"
+                    if ref is None:
+                        ref = reference_output(q, k, v, cfg.causal)
+                except Exception as exc:  # noqa: BLE001 - nothing to check against
+                    reason = (f"{impl} skipped on {cfg.label}: --check's SDPA reference failed "
+                              f"({short_error(exc)})")
+                else:
+                    try:
+                        check_impl(impl, cfg, q, k, v, ref)
+                    except CheckError as exc:
+                        if impl in FLASHCUTE_IMPLS:
+                            raise
+                        reason = f"{impl} skipped on {cfg.label} by --check: {exc.detail}"
+                    except Exception as exc:  # noqa: BLE001 - unsupported config
+                        reason = f"{impl} failed on {cfg.label}: {short_error(exc)}"
             if reason is not None:
                 notes.add(reason)
             else:
                 runnable.append(impl)
+                mask_note = sdpa_mask_note(impl, cfg.causal, cfg.seqlen, cfg.seqlen_k)
+                if mask_note is not None:
+                    notes.add(mask_note)
         # Rounds alternate between the implementations, so that clock changes under
         # sustained load affect each of them alike; each reports its median round.
         timed: dict[str, list[BenchRow]] = {impl: [] for impl in runnable}
