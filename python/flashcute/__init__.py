@@ -2,7 +2,10 @@
 
 ``flashcute.attention`` takes torch, cupy or jax tensors of layout
 (batch, seqlen, heads, headdim) and is differentiable for torch tensors;
-``flashcute.attention_backward`` computes the gradients on any of them. ``flashcute.reference`` is a plain-PyTorch implementation
+``flashcute.attention_backward`` computes the gradients on any of them. ``flashcute.sdpa`` and
+``flashcute.flash_attn_func`` take torch SDPA's and FlashAttention's signatures and layouts;
+``flashcute.integrations.transformers`` plugs into Hugging Face transformers.
+``flashcute.reference`` is a plain-PyTorch implementation
 of the same semantics for testing. ``import flashcute`` and ``flashcute.reference`` work even
 when the compiled extension ``flashcute._C`` is missing; ``attention`` and ``build_info``
 then raise ImportError.
@@ -12,19 +15,21 @@ from __future__ import annotations
 
 import importlib
 import os
-from importlib import metadata as _metadata
 from types import ModuleType
 
 from ._build_info import build_info
+from ._version import package_version as _package_version
 from .attention import attention
 from .backward import attention_backward
+from .flash_attn_compat import flash_attn_func
+from .sdpa import sdpa
 
-try:
-    __version__: str = _metadata.version("flashcute")
-except _metadata.PackageNotFoundError:
-    __version__ = "0.1.0"
+__version__: str = _package_version()
 
-__all__ = ["__version__", "attention", "attention_backward", "build_info", "cmake_prefix_path", "reference"]
+__all__ = [
+    "__version__", "attention", "attention_backward", "build_info", "cmake_prefix_path",
+    "flash_attn_func", "reference", "sdpa",
+]
 
 
 def cmake_prefix_path() -> str:

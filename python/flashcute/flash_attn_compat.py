@@ -1,0 +1,143 @@
+"""``flashcute.flash_attn_func``: FlashAttention-2's ``flash_attn_func`` on flashcute.
+
+FlashAttention's layout is flashcute's, (batch, seqlen, heads, headdim), and its causal mask
+is aligned bottom-right as flashcute's, so the call maps over directly. Arguments for
+features flashcute lacks are checked in ``_refuse_unsupported``, which keeps their default
+values working.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, Optional, Sequence
+
+from ._validate import type_name
+from .attention import attention
+
+
+def flash_attn_func(
+    q: Any,
+    k: Any,
+    v: Any,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Sequence[int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Any = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    *,
+    qv: Any = None,
+    q_descale: Any = None,
+    k_descale: Any = None,
+    v_descale: Any = None,
+    attention_chunk: int = 0,
+    num_splits: Any = None,
+    pack_gqa: Any = None,
+    sm_margin: Any = None,
+) -> Any:
+    """FlashAttention-2's ``flash_attn_func``, computed by ``flashcute.attention``.
+
+    Positional order and defaults are FlashAttention-2's; FlashAttention-3's extra arguments
+    are accepted as keywords.
+
+    Args:
+        q: (batch, seqlen_q, nheads, headdim), float16 or bfloat16, on a CUDA device.
+        k, v: (batch, seqlen_k, nheads_kv, headdim); nheads a multiple of nheads_kv.
+        dropout_p: must be 0.0.
+        softmax_scale: default 1/sqrt(headdim).
+        causal: bottom-right aligned causal mask, as FlashAttention (and flashcute).
+        window_size: (left, right); only values without a sliding window: both negative (or
+            at least seqlen_k, as FlashAttention treats them), or right 0 with left negative,
+            which is the causal mask.
+        softcap: must be 0.0. alibi_slopes: must be None.
+        deterministic: bitwise reproducible backward (torch autograd).
+        return_attn_probs: also return the log-sum-exp, as FlashAttention-2 does; see Returns.
+        qv, q_descale, k_descale, v_descale: FlashAttention-3 features; must be None.
+        attention_chunk: FlashAttention-3 chunked attention; must be 0.
+        num_splits, pack_gqa, sm_margin: FlashAttention-3 scheduling hints; accepted and
+            not used (flashcute schedules on its own; results do not depend on them).
+
+    Returns:
+        out (batch, seqlen_q, nheads, headdim); with ``return_attn_probs=True`` the tuple
+        ``(out, softmax_lse, None)``: softmax_lse float32 (batch, nheads, seqlen_q), natural
+        log, as FlashAttention-2's; the attention probabilities are never formed, so the third
+        element, FlashAttention-2's dropout-masked probabilities (meant for its tests), is None.
+
+    Raises:
+        NotImplementedError: an argument asks for a feature flashcute lacks; the message
+            names it.
+        TypeError, ValueError: invalid arguments (as ``flashcute.attention``).
+    """
+    if not isinstance(return_attn_probs, bool):
+        raise TypeError(f"return_attn_probs: expected a bool, got {type_name(return_attn_probs)}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal: expected a bool, got {type_name(causal)}")
+    _refuse_unsupported(
+        dropout_p=dropout_p, softcap=softcap, alibi_slopes=alibi_slopes, qv=qv,
+        q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+        attention_chunk=attention_chunk,
+    )
+    shape = getattr(k, "shape", None)  # anything else fails flashcute.attention's checks
+    seqlen_k = int(shape[1]) if shape is not None and len(shape) == 4 else None
+    causal = _causal_from_window(window_size, causal, seqlen_k=seqlen_k)
+    result = attention(
+        q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_attn_probs,
+        deterministic=deterministic,
+    )
+    if return_attn_probs:
+        out, lse = result
+        return out, lse, None
+    return result
+
+
+def _refuse_unsupported(
+    *, dropout_p: Any, softcap: Any, alibi_slopes: Any, qv: Any, q_descale: Any,
+    k_descale: Any, v_descale: Any, attention_chunk: Any,
+) -> None:
+    """NotImplementedError naming the first argument that asks for a missing feature."""
+    for name, value in (("dropout_p", dropout_p), ("softcap", softcap),
+                        ("attention_chunk", attention_chunk)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name}: expected a number, got {type_name(value)}")
+        if value != 0:
+            raise NotImplementedError(
+                f"{name}: flashcute does not support {name} != 0 yet; got {value}"
+            )
+    for name, value in (("alibi_slopes", alibi_slopes), ("qv", qv), ("q_descale", q_descale),
+                        ("k_descale", k_descale), ("v_descale", v_descale)):
+        if value is not None:
+            raise NotImplementedError(f"{name}: flashcute does not support {name} yet; pass None")
+
+
+def _causal_from_window(window_size: Any, causal: bool, *, seqlen_k: Optional[int]) -> bool:
+    """The causal flag equivalent to FlashAttention's (window_size, causal), where no sliding
+    window remains; NotImplementedError naming window_size otherwise.
+
+    FlashAttention reads a bound of at least seqlen_k as no bound, sets the right bound to 0
+    when causal, and takes (no left bound, right bound 0) for the causal mask."""
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"window_size: expected a pair (left, right) of ints, got {window_size!r}"
+        ) from None
+    for bound in (left, right):
+        if isinstance(bound, bool) or not isinstance(bound, numbers.Integral):
+            raise TypeError(
+                f"window_size: expected a pair (left, right) of ints, got {window_size!r}"
+            )
+    if seqlen_k is not None:
+        left = -1 if left >= seqlen_k else left
+        right = -1 if right >= seqlen_k else right
+    if causal:
+        right = 0
+    if left < 0 and right < 0:
+        return False
+    if left < 0 and right == 0:
+        return True
+    raise NotImplementedError(
+        f"window_size: flashcute has no sliding-window attention yet; got {tuple(window_size)} "
+        f"(with causal={causal}); pass (-1, -1)"
+    )
