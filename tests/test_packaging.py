@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import flashcute
-from flashcute import _torch_version, _version
+from flashcute import _torch_version
 
 ROOT = Path(__file__).resolve().parent.parent
 CMAKELISTS = (ROOT / "CMakeLists.txt").read_text()
@@ -96,11 +96,21 @@ def test_version_is_written_only_in_pyproject():
 
 
 def test_version_without_installed_metadata_comes_from_pyproject(monkeypatch):
+    """A source tree on sys.path without an install: the module of this tree, not the
+    installed copy (which has no pyproject.toml two folders up)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "flashcute_source_version", ROOT / "python" / "flashcute" / "_version.py"
+    )
+    source_version = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(source_version)
+
     def missing(name: str) -> str:
         raise metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(_version.metadata, "version", missing)
-    assert _version.package_version() == VERSION
+    monkeypatch.setattr(source_version.metadata, "version", missing)
+    assert source_version.package_version() == VERSION
 
 
 def test_extension_and_metadata_agree_on_the_version():
