@@ -179,6 +179,8 @@ def test_sdpa_argument_errors(kernel):
     sdpa_raises(TypeError, r"^scale: expected a float", q, k, v, scale="0.1")
     sdpa_raises(ValueError, r"^scale: .*positive", q, k, v, scale=-0.5)
     sdpa_raises(ValueError, r"^scale: .*positive", q, k, v, scale=float("inf"))
+    sdpa_raises(ValueError, r"^scale: .*positive", q, k, v, scale=10**400)
+    sdpa_raises(ValueError, r"^scale: .*float32 range", q, k, v, scale=1e300)
     sdpa_raises(TypeError, r"^query: expected a torch.Tensor", q.numpy(), k, v)
     sdpa_raises(ValueError, r"^query: expected \(\.\.\., nheads, seqlen, headdim\)", q[0, 0], k[0, 0],
                 v[0, 0])

@@ -239,3 +239,45 @@ def test_misalignment_names_the_tensor(name):
     tensors[name] = _bf16(n + 8)[1 : n + 1].view(tensors[name].shape)
     with pytest.raises(ValueError, match=rf"^{name}: needs a 16-byte aligned data pointer"):
         _forward(tensors["q"], tensors["k"], tensors["v"], tensors["out"])
+
+
+def test_backward_fake_takes_autograd_gradients_of_any_layout():
+    """Under torch.compile the backward op sees autograd's gradient as it is (expanded by a
+    sum: stride 0); the real op copies such a gradient to a layout the kernel takes, and the
+    fake must accept it too."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    q, k, v = _bf16(1, 8, 4, 64), _bf16(1, 8, 2, 64), _bf16(1, 8, 2, 64)
+    dout = torch.ones(()).to(torch.bfloat16).expand(q.shape)
+    with FakeTensorMode() as mode:
+        fq, fk, fv, fd = (mode.from_tensor(x) for x in (q, k, v, dout))
+        dq, dk, dv = torch.ops.flashcute.attention_backward(
+            fd, fq, fk, fv, fq, mode.from_tensor(torch.zeros(1, 4, 8)), False, 0.125, False, None
+        )
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+
+
+def test_compiled_training_step_traces_to_the_device_error():
+    """A compiled forward plus backward through a reduction traces (fakes of both ops) and
+    then fails only where the real kernels would run: on the CPU tensors' device."""
+    q = _bf16(1, 8, 2, 64).requires_grad_()
+    compiled = torch.compile(lambda q: flashcute.attention(q, q, q, causal=True).sum(),
+                             fullgraph=True, backend="aot_eager")
+    with pytest.raises(ValueError, match=DEVICE_ERROR):
+        compiled(q).backward()
+
+
+@pytest.mark.parametrize("headdim", [0])
+def test_compiled_call_names_a_bad_head_dim(headdim):
+    q = torch.empty(1, 8, 2, headdim, dtype=torch.bfloat16)
+    compiled = torch.compile(lambda q: flashcute.attention(q, q, q), fullgraph=True,
+                             backend="eager")
+    with pytest.raises(Exception, match=r"q: head dim 0 is not supported"):
+        compiled(q)
+
+
+def test_out_that_requires_grad_is_refused():
+    q, k, v = _qkv()
+    out = torch.empty_like(q).requires_grad_()
+    with pytest.raises(NotImplementedError, match=r"out require grad"):
+        flashcute.attention(q, k, v, out=out)

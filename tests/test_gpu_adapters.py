@@ -296,7 +296,9 @@ def test_flash_attn_func_deterministic(gen):
             assert torch.equal(g, ref), name
 
 
-def test_flash_attn_func_matches_flash_attention_3(gen):
+def test_flash_attn_func_and_flash_attention_3_meet_the_same_bound(gen):
+    """Same call site, same inputs: flashcute and FlashAttention-3 each within the bound of the
+    float64 reference (they round differently, so not bitwise)."""
     fa3 = pytest.importorskip("flash_attn_interface")
     q, k, v = fa_qkv(gen, 2, 8, 2, 333, 129, 128, "bfloat16")
     for causal in (False, True):

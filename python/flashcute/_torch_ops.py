@@ -104,9 +104,11 @@ def attention_backward(
 def _(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool,
       softmax_scale: float, deterministic: bool,
       backend: Optional[str]) -> tuple[Tensor, Tensor, Tensor]:
-    problem, infos = backward_problem(  # as the forward's fake: the real call's checks
-        dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
-        deterministic=deterministic, backend=backend,
+    # As the forward's fake: the real call's checks, on a dout of the layout the real call
+    # hands the kernel (kernel_layout copies autograd's expanded or oddly strided gradients).
+    problem, infos = backward_problem(
+        dout.new_empty(dout.shape), q, k, v, out, lse, causal=causal,
+        softmax_scale=softmax_scale, deterministic=deterministic, backend=backend,
     )
     if q.device.type == "cuda":
         _check_devices(infos[0], infos[1:])
@@ -207,5 +209,9 @@ def attention(
 
 
 def _scale(q: Tensor, softmax_scale: Optional[float]) -> float:
-    """The scale the custom ops take: given, or 1/sqrt(headdim)."""
-    return 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    """The scale the custom ops take: given, or 1/sqrt(headdim). A q without a head dim gets
+    1.0: the op's checks then name what is wrong with q."""
+    if softmax_scale is not None:
+        return float(softmax_scale)
+    headdim = q.shape[-1] if q.dim() > 0 else 0
+    return 1.0 / math.sqrt(headdim) if headdim > 0 else 1.0

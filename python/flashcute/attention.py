@@ -33,11 +33,11 @@ def _torch_route() -> ModuleType:
     return _torch_ops
 
 
-def _refuse_grad_with_out(q: Any, k: Any, v: Any) -> None:
+def _refuse_grad_with_out(q: Any, k: Any, v: Any, out: Any) -> None:
     torch = sys.modules.get("torch")
     if torch is None or not torch.is_grad_enabled():
         return
-    needs_grad = [n for n, x in (("q", q), ("k", k), ("v", v))
+    needs_grad = [n for n, x in (("q", q), ("k", k), ("v", v), ("out", out))
                   if isinstance(x, torch.Tensor) and x.requires_grad]
     if needs_grad:
         raise NotImplementedError(
@@ -129,9 +129,10 @@ def attention(
     whenever something may watch the call: an input requires grad, ``torch.compile`` traces,
     a tensor subclass, dispatch mode or functorch transform is active. The result is then
     differentiable (``flashcute::attention_backward``; bitwise reproducible gradients under
-    ``torch.use_deterministic_algorithms(True)``) and
-    works under ``torch.compile(fullgraph=True)``; otherwise the kernel is launched directly,
-    without the custom op's dispatch cost, as are torch calls with ``out``. A direct launch
+    ``torch.use_deterministic_algorithms(True)`` or with ``deterministic=True``) and
+    works under ``torch.compile(fullgraph=True)``; a call with ``out`` goes through the
+    mutating custom op ``flashcute::attention_forward_out`` then. Otherwise the kernel is
+    launched directly, without the custom op's dispatch cost. A direct launch
     keeps what the argument checks decided per call signature (shapes, strides, dtypes,
     devices, scalar arguments), so a repeated call, a decoding step say, pays only for its
     allocations and the launch; data pointers are checked on every call. Both routes work in
@@ -152,12 +153,12 @@ def attention(
     if _torch_tensors(q, k, v) and (out is None or _torch_tensors(out)):
         check_scalars(causal, softmax_scale, backend)
         if out is not None:
-            _refuse_grad_with_out(q, k, v)
+            _refuse_grad_with_out(q, k, v, out)
         return _torch_route().attention(
             q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
             backend=backend, out=out, deterministic=deterministic,
         )
-    _refuse_grad_with_out(q, k, v)
+    _refuse_grad_with_out(q, k, v, out)
     return attention_dlpack(
         q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, out=out,
         backend=backend,

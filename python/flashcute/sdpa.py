@@ -10,11 +10,10 @@ Imports torch only when called.
 
 from __future__ import annotations
 
-import math
 import numbers
 from typing import Any, Optional
 
-from ._validate import type_name
+from ._validate import check_scalars, type_name
 from .attention import attention
 
 _NAMES = ("query", "key", "value")
@@ -53,7 +52,8 @@ def sdpa(
             ``h // (nheads // nheads_kv)``, as SDPA). Without it the head counts must match.
 
     No input is copied: ``flashcute.attention`` runs on transposed views, and on slices of
-    them for a causal call with ``seqlen_q != seqlen_k``. Query rows that see no key occur
+    them for a causal call with ``seqlen_q != seqlen_k``. (Several leading dimensions are merged
+    into one batch dimension, which copies inputs whose strides do not allow a view.) Query rows that see no key occur
     only when ``seqlen_k == 0``; they give zeros, as SDPA's math backend does. Differentiable
     (torch autograd, ``torch.compile``) as ``flashcute.attention`` is.
 
@@ -91,12 +91,10 @@ def _check_options(
     for name, flag in (("is_causal", is_causal), ("enable_gqa", enable_gqa)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name}: expected a bool, got {type_name(flag)}")
-    if scale is None:
-        return
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"scale: expected a float or None, got {type_name(scale)}")
-    if not math.isfinite(float(scale)) or scale <= 0:
-        raise ValueError(f"scale: flashcute needs a finite positive scale, got {scale}")
+    try:  # flashcute's own check (type, float32 range), under SDPA's name for the argument
+        check_scalars(False, scale, None)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(str(exc).replace("softmax_scale", "scale", 1)) from None
 
 
 def _check_tensors(query: Any, key: Any, value: Any, enable_gqa: bool) -> None:

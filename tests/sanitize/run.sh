@@ -5,11 +5,14 @@
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 families=("$@")
-if [ ${#families[@]} -eq 0 ]; then
-  families=(ampere-fwd ampere-bwd ampere-bwd-deterministic)
-  if python -c 'import flashcute._C as c, sys; sys.exit(c.device_capability(0) != 90)'; then
-    families+=(hopper-fwd hopper-bwd)
-  fi
+if [ ${#families[@]} -eq 0 ]; then  # the families this GPU runs and this build has
+  read -r -a families < <(python -c '
+import flashcute, flashcute._C as c
+b = flashcute.build_info()["backends"]
+f = ["ampere-fwd", "ampere-bwd", "ampere-bwd-deterministic"]
+if c.device_capability(0) == 90:
+    f += ["hopper-fwd"] * bool(b["hopper"]["head_dims"]) + ["hopper-bwd"] * bool(b["hopper"]["backward_head_dims"])
+print(" ".join(f))')
 fi
 failed=0
 for family in "${families[@]}"; do
@@ -21,7 +24,7 @@ for family in "${families[@]}"; do
     extra=()
     if [ "$tool" = initcheck ] && [[ "$family" == *bwd* ]]; then extra=(--forward-from ampere); fi
     compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 10 \
-      python "$here/calls.py" "$family" "${extra[@]}" >"$log" 2>&1
+      python "$here/calls.py" "$family" ${extra[@]+"${extra[@]}"} >"$log" 2>&1
     rc=$?
     summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1)
     echo "$family $tool: exit $rc; ${summary:-no summary}"
