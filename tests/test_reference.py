@@ -12,27 +12,9 @@ from flashcute import reference  # noqa: E402
 
 
 def naive_attention(q, k, v, causal, scale):
-    """One query row at a time, in float64, straight from the definition."""
-    batch, seqlen_q, nheads, headdim = q.shape
-    seqlen_k, nheads_kv = k.shape[1], k.shape[2]
-    group = nheads // nheads_kv
-    q, k, v = q.double(), k.double(), v.double()
-    out = torch.zeros(batch, seqlen_q, nheads, headdim, dtype=torch.float64)
-    lse = torch.full((batch, nheads, seqlen_q), -math.inf, dtype=torch.float64)
-    for b in range(batch):
-        for h in range(nheads):
-            hk = h // group
-            for i in range(seqlen_q):
-                keys = [j for j in range(seqlen_k) if not causal or j <= i + seqlen_k - seqlen_q]
-                if not keys:
-                    continue
-                s = [scale * float(q[b, i, h] @ k[b, j, hk]) for j in keys]
-                m = max(s)
-                total = sum(math.exp(x - m) for x in s)
-                lse[b, h, i] = m + math.log(total)
-                for x, j in zip(s, keys):
-                    out[b, i, h] += math.exp(x - m) / total * v[b, j, hk]
-    return out, lse
+    """One query row at a time, in float64, straight from the definition (no window, softcap
+    or ALiBi: ``naive_general`` below)."""
+    return naive_general(q, k, v, causal=causal, scale=scale)
 
 
 def make(batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim, seed=0):

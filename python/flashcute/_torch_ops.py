@@ -13,7 +13,7 @@ Imported only when torch tensors are used.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
@@ -41,11 +41,17 @@ def _fake_forward_problem(
     problem, infos = forward_problem(
         q, k, v, out, causal=causal, softmax_scale=softmax_scale, backend=backend
     )
+    _fake_device_checks(q, infos, lambda capability: choose_backend(
+        backend, capability, headdim=problem.headdim, dtype=problem.dtype))
+    return problem
+
+
+def _fake_device_checks(q: Tensor, infos: list[Any], choose: Callable[[int], Any]) -> None:
+    """The real call's last checks, for CUDA inputs: one device, and a backend that runs the
+    call there (``choose`` gets the device's compute capability)."""
     if q.device.type == "cuda":
         _check_devices(infos[0], infos[1:])
-        capability = int(load_extension().device_capability(problem.device_id))
-        choose_backend(backend, capability, headdim=problem.headdim, dtype=problem.dtype)
-    return problem
+        choose(int(load_extension().device_capability(infos[0].device_id)))
 
 
 @torch.library.custom_op("flashcute::attention_forward", mutates_args=())
@@ -110,13 +116,9 @@ def _(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, c
         dout.new_empty(dout.shape), q, k, v, out, lse, causal=causal,
         softmax_scale=softmax_scale, deterministic=deterministic, backend=backend,
     )
-    if q.device.type == "cuda":
-        _check_devices(infos[0], infos[1:])
-        capability = int(load_extension().device_capability(problem.device_id))
-        choose_backward_backend(
-            backend, capability, headdim=problem.headdim, dtype=problem.dtype,
-            deterministic=deterministic,
-        )
+    _fake_device_checks(q, infos, lambda capability: choose_backward_backend(
+        backend, capability, headdim=problem.headdim, dtype=problem.dtype,
+        deterministic=deterministic))
     kv_shape = (q.shape[0], k.shape[1], k.shape[2], q.shape[3])
     return q.new_empty(q.shape), q.new_empty(kv_shape), q.new_empty(kv_shape)
 
