@@ -56,7 +56,7 @@ const char* backend_name(Backend backend) { return backend == Backend::kHopper ?
 
 Status invalid(const char* msg) { return make_status(StatusCode::kInvalidArgument, "%s", msg); }
 
-// Sizes, dtype and scale: the checks the forward and the backward share.
+// Sizes, dtype, scale, window and softcap: the checks the forward and the backward share.
 template <class Params>
 Status check_problem(const Params& p) {
   if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.nheads < 0 || p.nheads_kv < 0 || p.headdim <= 0)
@@ -76,8 +76,15 @@ Status check_problem(const Params& p) {
   constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
   if (p.batch > kMaxGrid || p.nheads > kMaxGrid)
     return make_status(StatusCode::kNotSupported, "batch and nheads must be at most %lld", kMaxGrid);
-  if (p.seqlen_q > kMaxInt - 256 || p.seqlen_k > kMaxInt - 256)
-    return invalid("seqlen_q and seqlen_k must fit in 32 bits");
+  if (p.seqlen_q + p.seqlen_k > kMaxInt - 256)
+    return invalid("seqlen_q + seqlen_k must fit in 32 bits");
+  if (p.window_left < -1) return invalid("window_left: expected -1 (unbounded) or a value >= 0");
+  if (p.window_right < -1) return invalid("window_right: expected -1 (unbounded) or a value >= 0");
+  // The score hook runs softcap / softmax_scale and its inverse in float32.
+  if (!(p.softcap >= 0.f) || !std::isfinite(p.softcap) ||
+      (p.softcap > 0.f && !(std::isfinite(p.softcap / p.softmax_scale) &&
+                            p.softmax_scale / p.softcap >= std::numeric_limits<float>::min())))
+    return invalid("softcap: expected 0 or a finite positive float32 within 2^126 of softmax_scale");
   return Status{};
 }
 
@@ -110,6 +117,24 @@ Status check_forward(const AttentionForwardParams& p) {
   return check_no_overlap(outputs, inputs);
 }
 
+// Whether the mask bounds keys by more than seqlen_k (the causal diagonal or a window side that
+// reaches into the sequence): per-tile work then varies (bwd_workspace.h, the launchers).
+template <class Params>
+bool requests_band(const Params& p) {
+  return p.causal || (p.window_left >= 0 && p.window_left < p.seqlen_k) ||
+         (p.window_right >= 0 && p.window_right < p.seqlen_q);
+}
+
+// The mask and score-hook fields the forward and backward kernels share (kernel_params.h).
+template <class Kernel, class Params>
+void set_mask_and_hook(Kernel& k, const Params& p) {
+  auto clip = [](int64_t side, int64_t unbounded) { return side < 0 || side > unbounded ? unbounded : side; };
+  k.window_left = static_cast<int>(clip(p.window_left, p.seqlen_k));
+  k.window_right = p.causal ? 0 : static_cast<int>(clip(p.window_right, p.seqlen_q));
+  k.softcap_in = p.softcap > 0.f ? p.softmax_scale / p.softcap : 0.f;
+  k.softcap_out = p.softcap > 0.f ? p.softcap / p.softmax_scale : 0.f;
+}
+
 FwdKernelParams kernel_params(const AttentionForwardParams& p) {
   FwdKernelParams k{};
   k.q = p.q, k.k = p.k, k.v = p.v, k.out = p.out, k.lse = p.lse;
@@ -127,6 +152,7 @@ FwdKernelParams kernel_params(const AttentionForwardParams& p) {
   k.softmax_scale = p.softmax_scale;
   k.scale_log2 = p.softmax_scale * 1.4426950408889634f;
   k.causal = p.causal;
+  set_mask_and_hook(k, p);
   k.workspace = p.workspace;
   k.workspace_bytes = p.workspace == nullptr ? 0 : p.workspace_bytes;
   return k;
@@ -138,7 +164,7 @@ BwdWorkspace workspace_layout(const AttentionBackwardParams& p, Backend resolved
   const bool hopper = resolved == Backend::kHopper;
   return bwd_workspace(p.batch, p.nheads, p.nheads_kv, p.seqlen_q, p.seqlen_k, p.headdim,
                        /*lse_log2=*/hopper, /*dq_accum=*/hopper || !p.deterministic, /*dq_ready=*/hopper,
-                       /*tail_split=*/hopper && hopper_bwd_tail_split(p.causal));
+                       /*tail_split=*/hopper && hopper_bwd_tail_split(requests_band(p)));
 }
 
 Status check_backward(const AttentionBackwardParams& p) {
@@ -229,6 +255,7 @@ BwdKernelParams kernel_params(const AttentionBackwardParams& p, Backend resolved
   k.softmax_scale = p.softmax_scale;
   k.scale_log2 = p.softmax_scale * 1.4426950408889634f;
   k.causal = p.causal;
+  set_mask_and_hook(k, p);
   return k;
 }
 

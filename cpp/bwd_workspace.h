@@ -40,9 +40,9 @@ struct BwdWorkspace {
   bool has_lse_log2 = false, has_dq_accum = false, has_dq_ready = false;
 };
 
-// Whether the Hopper-path backward may split its last wave (bwd_tail_split.h): without causal
-// masking, where every CTA has the same work.
-inline bool hopper_bwd_tail_split(bool causal) { return !causal; }
+// Whether the Hopper-path backward may split its last wave (bwd_tail_split.h): without a causal
+// or window band (kernel_params.h, has_band), where every CTA has the same work.
+inline bool hopper_bwd_tail_split(bool band) { return !band; }
 
 // Bytes of one split tile's dK and dV sums (at most kBwdChunkBlockN keys).
 inline size_t dkv_accum_tile_bytes(int64_t headdim) {

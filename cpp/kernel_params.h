@@ -26,6 +26,12 @@ struct FwdKernelParams {
   float softmax_scale;
   float scale_log2;  // softmax_scale * log2(e): scores go through exp2 with one FMA
   bool causal;
+  // Mask (mask.h): the window's sides clipped to the call, window_left in [0, seqlen_k] and
+  // window_right in [0, seqlen_q]; the clip values leave a side unbounded, causal sets right to 0.
+  int window_left, window_right;
+  // Score hook (score_hook.h): softcap_in = softmax_scale / softcap, 0 when off, and
+  // softcap_out = softcap / softmax_scale.
+  float softcap_in, softcap_out;
   // Optional: the Hopper path splits its last wave when this holds the bytes
   // plan_fwd_split() asks for (hopper/fwd_split_plan.h).
   void* workspace;
@@ -75,6 +81,19 @@ struct BwdKernelParams {
   float softmax_scale;
   float scale_log2;
   bool causal;
+  // Mask (mask.h): the window's sides clipped to the call, window_left in [0, seqlen_k] and
+  // window_right in [0, seqlen_q]; the clip values leave a side unbounded, causal sets right to 0.
+  int window_left, window_right;
+  // Score hook (score_hook.h): softcap_in = softmax_scale / softcap, 0 when off, and
+  // softcap_out = softcap / softmax_scale.
+  float softcap_in, softcap_out;
 };
+
+// Whether the mask bounds keys by more than seqlen_k (causal diagonal or window): per-tile work
+// then varies, which the launchers' schedules take into account.
+template <class KernelParams>
+inline bool has_band(const KernelParams& p) {
+  return p.window_left < p.seqlen_k || p.window_right < p.seqlen_q;
+}
 
 }  // namespace flashcute

@@ -18,6 +18,7 @@
 #include "kernel_params.h"
 #include "mask.h"
 #include "online_softmax.h"
+#include "score_hook.h"
 
 namespace flashcute::ampere {
 
@@ -81,7 +82,9 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
   const int row0 = m_block * kBlockM;
   const int seqlen_q = params.seqlen_q;
   const int seqlen_k = params.seqlen_k;
-  const KeyBlockRange range = key_block_range<kBlockN>(row0, kBlockM, seqlen_q, seqlen_k, params.causal);
+  const MaskPolicy mask = MaskPolicy::of(params);
+  const ScoreHook hook = ScoreHook::of(params);
+  const KeyBlockRange range = key_block_range<kBlockN>(mask, row0, kBlockM);
 
   const Element* q_base = static_cast<const Element*>(params.q) + batch * params.q_batch_stride +
                           head * params.q_head_stride + int64_t(row0) * params.q_row_stride;
@@ -140,7 +143,6 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
   constexpr int kRows = decltype(size<0>(score_offsets_rc))::value;
   const int thread_row = row0 + get<0>(tScS(0));
   const int thread_col = get<1>(tScS(0));
-  const BlockMask mask{seqlen_k, seqlen_k - seqlen_q, params.causal};
   const float scale_log2 = params.scale_log2;
   constexpr float kLog2e = 1.4426950408889634f;
 
@@ -150,7 +152,7 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
   load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(make_tensor(make_gmem_ptr(do_base), TileQ{},
                                                                    make_stride(params.dout_row_stride, _1{}))),
                   gmem_thr_copy.partition_D(sdO), cQ, seqlen_q - row0);
-  if (range.n_end > 0) load_kv(range.n_end - 1, 0, cute::true_type{});
+  if (range.n_end > range.n_begin) load_kv(range.n_end - 1, 0, cute::true_type{});
   cp_async_fence();
 
   // The rows are fixed for the whole CTA: lse (log2 units, +inf where P must vanish) and
@@ -170,11 +172,12 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
   }
 
   int stage = 0;
-  // Key blocks from the last: the masked ones (seqlen_k tail, causal diagonal) come first.
-  for (int n_block = range.n_end - 1; n_block >= 0; --n_block) {
+  // Key blocks from the last: the masked ones (seqlen_k tail, causal diagonal, window sides)
+  // come first and last.
+  for (int n_block = range.n_end - 1; n_block >= range.n_begin; --n_block) {
     cp_async_wait<0>();
     __syncthreads();  // block n_block landed; every warp is done with the other stage
-    if (n_block > 0) load_kv(n_block - 1, stage ^ 1, cute::false_type{});
+    if (n_block > range.n_begin) load_kv(n_block - 1, stage ^ 1, cute::false_type{});
     cp_async_fence();
 
     Tensor sK = make_tensor(make_smem_ptr(smem_k(stage)), typename Traits::SmemLayoutKV{});
@@ -187,7 +190,8 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
                                                thr_copy_b.partition_S(sK), thr_copy_b.retile_D(tSrK),
                                                tiled_mma, copy_a, copy_b);
     Tensor acc_s_rc = rowcol_view(acc_s);
-    if (n_block >= range.n_unmasked)  // warp-uniform
+    if (hook.active()) hook.apply(acc_s);
+    if (range.needs_mask(n_block))  // warp-uniform
       mask.apply(acc_s_rc, score_offsets_rc, thread_row, n_block * kBlockN + thread_col);
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
@@ -207,6 +211,14 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
       CUTE_UNROLL
       for (int c = 0; c < size<1>(acc_dp_rc); ++c)
         acc_dp_rc(r, c) = acc_s_rc(r, c) * (acc_dp_rc(r, c) - row_dot[r]);
+    }
+    if (hook.active()) {
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(acc_dp_rc); ++c)
+          acc_dp_rc(r, c) *= hook.grad_factor(acc_s_rc(r, c), lse_log2[r], 1.f / scale_log2);
+      }
     }
 
     // dQ += dS·K: dS from registers, one 16-key slice at a time; Kᵀ by transposed ldmatrix.

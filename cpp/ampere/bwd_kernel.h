@@ -13,8 +13,9 @@
 // - otherwise (deterministic calls): dQ comes from its own pass over query blocks
 //   (bwd_dq_kernel.h), which recomputes S and dP: seven GEMMs per block pair, but every
 //   gradient summed in a fixed order.
-// Query blocks that cross the causal diagonal or meet the seqlen_k tail apply the mask; the
-// rest skip it with one warp-uniform branch. (The loop body is written out, not a lambda: a
+// Query blocks on the mask's edges (causal diagonal, window sides, seqlen_k tail; mask.h) apply
+// the mask; the rest skip it with one warp-uniform branch. The score hook (softcap) runs on S
+// before the mask, and its chain factor on dS. (The loop body is written out, not a lambda: a
 // lambda too large to inline would put the by-reference accumulators in local memory.)
 #pragma once
 
@@ -28,6 +29,7 @@
 #include "kernel_params.h"
 #include "mask.h"
 #include "online_softmax.h"
+#include "score_hook.h"
 
 // Read the next k-slice of both operands before multiplying the current one (tuning knob).
 #ifndef FLASHCUTE_AMPERE_BWD_LOOKAHEAD
@@ -65,7 +67,9 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   const int n0 = n_block * kBlockN;
   const int seqlen_q = params.seqlen_q;
   const int seqlen_k = params.seqlen_k;
-  const QueryBlockRange range = query_block_range<kBlockM, kBlockN>(n0, seqlen_q, seqlen_k, params.causal);
+  const MaskPolicy mask = MaskPolicy::of(params);
+  const ScoreHook hook = ScoreHook::of(params);
+  const QueryBlockRange range = query_block_range<kBlockM, kBlockN>(mask, n0);
   const int head_first = kv_head * params.heads_per_kv;
   const int head_end = head_first + params.heads_per_kv;
 
@@ -164,7 +168,6 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   Tensor tScS0 = mma_sdp.get_thread_slice(0).partition_C(cS);
   Tensor score_offsets_rc = make_tensor(tScS0.data(), rowcol_layout(tScS0.layout()));
   constexpr int kRows = decltype(size<0>(score_offsets_rc))::value;
-  const BlockMask mask{seqlen_k, seqlen_k - seqlen_q, params.causal};
   const float scale_log2 = params.scale_log2;
   constexpr float kLog2e = 1.4426950408889634f;
 
@@ -226,7 +229,8 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
       gemm_from_smem<false, FLASHCUTE_AMPERE_BWD_LOOKAHEAD != 0>(acc_s, tSrQ, tSrK, thr_copy_a_sdp.partition_S(sQ), thr_copy_a_sdp.retile_D(tSrQ),
                                    tSsK, thr_copy_b_sdp.retile_D(tSrK), mma_sdp, copy_a_sdp, copy_b_sdp);
       Tensor acc_s_rc = rowcol_view(acc_s);
-      if (m < range.masked_end)  // warp-uniform: the bulk skips the mask
+      if (hook.active()) hook.apply(acc_s);
+      if (range.needs_mask(m))  // warp-uniform: the bulk skips the mask
         mask.apply(acc_s_rc, score_offsets_rc, thread_row, n0 + get<1>(tScS(0)));
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
@@ -253,6 +257,18 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
         CUTE_UNROLL
         for (int c = 0; c < size<1>(acc_dp_rc); ++c)
           acc_dp_rc(r, c) = float(p_half_rc(r, c)) * (acc_dp_rc(r, c) - row_dot[r]);
+      }
+      if (hook.active()) {
+        // The lse is read again rather than kept live across the dP GEMM (registers).
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          const int row = thread_row + get<0>(score_offsets_rc(r, 0));
+          const float lse = row < seqlen_q ? lse_base[row] : INFINITY;
+          const float row_lse_log2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
+          CUTE_UNROLL
+          for (int c = 0; c < size<1>(acc_dp_rc); ++c)
+            acc_dp_rc(r, c) *= hook.grad_factor(float(p_half_rc(r, c)), row_lse_log2, 1.f / scale_log2);
+        }
       }
 
       copy(copy_p, thr_copy_p.retile_S(convert_fragment<Element>(acc_dp)), tPsdS);

@@ -1,8 +1,9 @@
 // Ampere-path attention forward: cp.async K/V pipeline, ldmatrix, mma.sync through TiledMma.
 //
 // One CTA computes O for kBlockM query rows of one (batch, head). Key blocks are visited from
-// the last to the first, so the blocks that need masking (the seqlen_k tail and, with causal,
-// the blocks crossing the diagonal) come first and the unmasked bulk runs without mask code.
+// the last to the first, so the blocks that need masking (the seqlen_k tail, the causal
+// diagonal or the window's right side) come first, the unmasked bulk runs without mask code,
+// and the blocks on the window's left side (mask.h) come last.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -14,6 +15,7 @@
 #include "kernel_params.h"
 #include "mask.h"
 #include "online_softmax.h"
+#include "score_hook.h"
 
 namespace flashcute::ampere {
 
@@ -66,10 +68,10 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
   const int seqlen_q = params.seqlen_q;
   const int seqlen_k = params.seqlen_k;
 
-  const int diagonal_offset = seqlen_k - seqlen_q;
-  const KeyBlockRange range = key_block_range<kBlockN>(row0, kBlockM, seqlen_q, seqlen_k, params.causal);
-  const int n_end = range.n_end;
-  const int n_unmasked = range.n_unmasked;
+  const MaskPolicy mask = MaskPolicy::of(params);
+  const ScoreHook hook = ScoreHook::of(params);
+  const KeyBlockRange range = key_block_range<kBlockN>(mask, row0, kBlockM);
+  const int n_begin = range.n_begin;
 
   const Element* q_base = static_cast<const Element*>(params.q) + batch * params.q_batch_stride +
                           head * params.q_head_stride + int64_t(row0) * params.q_row_stride;
@@ -135,7 +137,6 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
   Tensor acc_o_rc = rowcol_view(acc_o);
   constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
   OnlineSoftmax<kRows> softmax(params.scale_log2);
-  const BlockMask mask{seqlen_k, diagonal_offset, params.causal};
   // Score coordinates: this thread's first element plus offsets known at compile time.
   Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});
   Tensor tScS = thr_mma.partition_C(cS);
@@ -148,8 +149,8 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
   load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gQ), gmem_thr_copy.partition_D(sQ), cQ,
                   seqlen_q - row0);
   cp_async_fence();
-  int n = n_end - 1;
-  if (n >= 0) load_kv(n, 0, cute::true_type{});
+  int n = range.n_end - 1;
+  if (n >= n_begin) load_kv(n, 0, cute::true_type{});
   cp_async_fence();
   if constexpr (Traits::kQInRegs) {
     cp_async_wait<1>();
@@ -159,7 +160,7 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
   }
   CUTE_UNROLL
   for (int s = 1; s < kStages - 1; ++s) {
-    if (n - s >= 0) load_kv(n - s, s, cute::false_type{});
+    if (n - s >= n_begin) load_kv(n - s, s, cute::false_type{});
     cp_async_fence();
   }
 
@@ -169,7 +170,7 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
     __syncthreads();  // block n_block visible; every warp is done with the stage refilled next
     const int refill = n_block - (kStages - 1);
     const int refill_stage = stage == 0 ? kStages - 1 : stage - 1;
-    if (refill >= 0) load_kv(refill, refill_stage, cute::false_type{});
+    if (refill >= n_begin) load_kv(refill, refill_stage, cute::false_type{});
     cp_async_fence();
 
     Element* sk_ptr = stage_k(stage);
@@ -182,6 +183,7 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
                                      smem_thr_copy_k.partition_S(sK), tSrK_view, tiled_mma,
                                      smem_copy_q, smem_copy_k);
     Tensor acc_s_rc = rowcol_view(acc_s);
+    if (hook.active()) hook.apply(acc_s);
     if constexpr (decltype(masked)::value)
       mask.apply(acc_s_rc, score_offsets_rc, thread_row, n_block * kBlockN + thread_col);
     softmax.update(acc_s_rc, acc_o_rc);
@@ -192,8 +194,9 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
     stage = stage + 1 == kStages ? 0 : stage + 1;
   };
 
-  for (; n >= 0 && n >= n_unmasked; --n) process_block(n, cute::true_type{});
-  for (; n >= 0; --n) process_block(n, cute::false_type{});
+  for (; n >= n_begin && n >= range.n_unmasked; --n) process_block(n, cute::true_type{});
+  for (; n >= n_begin && n >= range.n_unmasked_begin; --n) process_block(n, cute::false_type{});
+  for (; n >= n_begin; --n) process_block(n, cute::true_type{});
 
   // Epilogue: normalize, stage O through shared memory for 16-byte row stores, write LSE.
   float lse[kRows];

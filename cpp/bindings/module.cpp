@@ -76,7 +76,7 @@ flashcute::DType to_dtype(nb::dlpack::dtype dt) {
 // Tensors are (batch, seqlen, heads, headdim); lse is (batch, heads, seqlen).
 void forward(Tensor q, Tensor k, Tensor v, MutableTensor out, std::optional<MutableTensor> lse,
              float softmax_scale, bool causal, int backend, uintptr_t stream,
-             std::optional<MutableTensor> workspace) {
+             std::optional<MutableTensor> workspace, int64_t window_left, int64_t window_right, float softcap) {
   if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4 || out.ndim() != 4)
     throw nb::value_error("q, k, v, out: expected 4-d tensors (batch, seqlen, heads, headdim)");
   flashcute::AttentionForwardParams p;
@@ -108,6 +108,8 @@ void forward(Tensor q, Tensor k, Tensor v, MutableTensor out, std::optional<Muta
   }
   p.softmax_scale = softmax_scale;
   p.causal = causal;
+  p.window_left = window_left, p.window_right = window_right;
+  p.softcap = softcap;
   p.dtype = to_dtype(q.dtype());
   p.device = q.device_id();
   p.stream = reinterpret_cast<cudaStream_t>(stream);
@@ -159,7 +161,8 @@ void check_backward_shapes(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out
 
 void backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, MutableTensor dq,
               MutableTensor dk, MutableTensor dv, MutableTensor workspace, float softmax_scale,
-              bool causal, bool deterministic, int backend, uintptr_t stream) {
+              bool causal, bool deterministic, int backend, uintptr_t stream, int64_t window_left,
+              int64_t window_right, float softcap) {
   check_backward_shapes(dout, q, k, v, out, dq, dk, dv);
   if (lse.ndim() != 3 || lse.dtype() != nb::dtype<float>() || lse.stride(2) != 1 ||
       lse.shape(0) != q.shape(0) || lse.shape(1) != q.shape(2) || lse.shape(2) != q.shape(1))
@@ -183,6 +186,8 @@ void backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
   p.lse_batch_stride = lse.stride(0), p.lse_head_stride = lse.stride(1);
   p.softmax_scale = softmax_scale;
   p.causal = causal;
+  p.window_left = window_left, p.window_right = window_right;
+  p.softcap = softcap;
   p.deterministic = deterministic;
   p.dtype = to_dtype(q.dtype());
   p.device = q.device_id();
@@ -198,7 +203,8 @@ void backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
 // Params of a workspace-size query: sizes, dtype and mask (pointers are not read).
 template <class Params>
 Params size_query(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t nheads, int64_t nheads_kv,
-                  int64_t headdim, const std::string& dtype, bool causal) {
+                  int64_t headdim, const std::string& dtype, bool causal, int64_t window_left,
+                  int64_t window_right) {
   Params p;
   p.batch = batch, p.seqlen_q = seqlen_q, p.seqlen_k = seqlen_k;
   p.nheads = nheads, p.nheads_kv = nheads_kv, p.headdim = headdim;
@@ -206,15 +212,16 @@ Params size_query(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t nhe
     throw nb::value_error("dtype: expected 'float16' or 'bfloat16'");
   p.dtype = dtype == "bfloat16" ? flashcute::DType::kBFloat16 : flashcute::DType::kFloat16;
   p.causal = causal;
+  p.window_left = window_left, p.window_right = window_right;
   p.softmax_scale = 1.f;
   return p;
 }
 
 size_t forward_workspace_size(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t nheads,
                               int64_t nheads_kv, int64_t headdim, const std::string& dtype, bool causal,
-                              int backend, int device) {
+                              int backend, int device, int64_t window_left, int64_t window_right) {
   auto p = size_query<flashcute::AttentionForwardParams>(batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim,
-                                                         dtype, causal);
+                                                         dtype, causal, window_left, window_right);
   p.device = device;
   size_t bytes = 0;
   raise_on_error(flashcute::attention_forward_workspace_size(p, &bytes, static_cast<flashcute::Backend>(backend)));
@@ -256,6 +263,7 @@ int forward_packed_heads(int nheads, int nheads_kv, int seqlen_q, int seqlen_k, 
   namespace hopper = flashcute::hopper;
   flashcute::FwdKernelParams p{};
   p.seqlen_q = seqlen_q, p.seqlen_k = seqlen_k, p.nheads = nheads, p.causal = causal;
+  p.window_left = seqlen_k, p.window_right = causal ? 0 : seqlen_q;  // no window
   p.heads_per_kv = nheads_kv > 0 ? nheads / nheads_kv : 1;
   const hopper::FwdTileSize tile =
       hopper::fwd_tile_size(headdim, hopper::fwd_second_tile(headdim, seqlen_q, seqlen_k, causal));
@@ -264,9 +272,10 @@ int forward_packed_heads(int nheads, int nheads_kv, int seqlen_q, int seqlen_k, 
 
 size_t backward_workspace_size(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t nheads,
                                int64_t nheads_kv, int64_t headdim, const std::string& dtype,
-                               bool deterministic, int backend, bool causal) {
+                               bool deterministic, int backend, bool causal, int64_t window_left,
+                               int64_t window_right) {
   auto p = size_query<flashcute::AttentionBackwardParams>(batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim,
-                                                          dtype, causal);
+                                                          dtype, causal, window_left, window_right);
   p.deterministic = deterministic;
   size_t bytes = 0;
   raise_on_error(flashcute::attention_backward_workspace_size(p, &bytes,
@@ -288,19 +297,23 @@ NB_MODULE(_C, m) {
         "(device_type, device_id, dtype, shape, strides) of a DLPack tensor; strides in elements.");
   m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse").none(), nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("backend"),
-        nb::arg("stream"), nb::arg("workspace").none() = nb::none(),
+        nb::arg("stream"), nb::arg("workspace").none() = nb::none(), nb::arg("window_left") = -1,
+        nb::arg("window_right") = -1, nb::arg("softcap") = 0.f,
         "Attention forward into out (and lse when given).");
   m.def("forward_workspace_size", &forward_workspace_size, nb::arg("batch"), nb::arg("seqlen_q"),
         nb::arg("seqlen_k"), nb::arg("nheads"), nb::arg("nheads_kv"), nb::arg("headdim"),
         nb::arg("dtype"), nb::arg("causal"), nb::arg("backend"), nb::arg("device"),
+        nb::arg("window_left") = -1, nb::arg("window_right") = -1,
         "Bytes of the optional device workspace the forward can use (0: none).");
   m.def("backward", &backward, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
         nb::arg("workspace"), nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("deterministic"),
-        nb::arg("backend"), nb::arg("stream"), "Attention backward into dq, dk, dv.");
+        nb::arg("backend"), nb::arg("stream"), nb::arg("window_left") = -1, nb::arg("window_right") = -1,
+        nb::arg("softcap") = 0.f, "Attention backward into dq, dk, dv.");
   m.def("backward_workspace_size", &backward_workspace_size, nb::arg("batch"), nb::arg("seqlen_q"),
         nb::arg("seqlen_k"), nb::arg("nheads"), nb::arg("nheads_kv"), nb::arg("headdim"),
         nb::arg("dtype"), nb::arg("deterministic"), nb::arg("backend"), nb::arg("causal") = false,
+        nb::arg("window_left") = -1, nb::arg("window_right") = -1,
         "Bytes of device workspace the backward needs.");
   m.def("_forward_split_plan", &forward_split_plan, nb::arg("units"), nb::arg("key_blocks"), nb::arg("sms"),
         nb::arg("partial_tiles") = false, nb::arg("few_rows") = false,

@@ -20,6 +20,7 @@
 #include "hopper/wgmma.h"
 #include "mask.h"
 #include "online_softmax.h"  // fast_exp2
+#include "score_hook.h"
 
 namespace flashcute::hopper {
 
@@ -95,10 +96,10 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
   constexpr bool kPrefetchStats = kCols <= 16;
   const int thread_key = get<0>(thr_sdp.partition_C(cS)(0));
   const int thread_col = get<1>(thr_sdp.partition_C(cS)(0));
-  const BlockMask mask{args.seqlen_k, args.seqlen_k - args.seqlen_q, args.causal};
+  const MaskPolicy mask = MaskPolicy::of(args);
+  const ScoreHook hook = ScoreHook::of(args);
   const int key0 = n_block * Traits::kBlockN + consumer * Traits::kKeysPerConsumer;
-  const QueryBlockRange range = query_block_range<kBlockM, Traits::kBlockN>(
-      n_block * Traits::kBlockN, args.seqlen_q, args.seqlen_k, args.causal);
+  const QueryBlockRange range = query_block_range<kBlockM, Traits::kBlockN>(mask, n_block * Traits::kBlockN);
 
   const int dq_region = Traits::kDqSplitKeys ? 0 : consumer;
   const int pair_slot0 = (batch * args.nheads_kv + kv_head - params.pair_begin) * args.heads_per_kv;
@@ -165,8 +166,9 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
     }
     warpgroup_wait<1>();  // Sᵀ
     Tensor s_rc = rowcol_view(acc_s);
-    if (m < range.masked_end)  // warp-uniform: the bulk skips the mask
-      apply_mask_transposed(mask, s_rc, offsets_rc, key0 + thread_key, m * kBlockM + thread_col);
+    if (hook.active()) hook.apply(acc_s);
+    if (range.needs_mask(m))  // warp-uniform: the bulk skips the mask
+      mask.apply_transposed(s_rc, offsets_rc, key0 + thread_key, m * kBlockM + thread_col);
     CUTE_UNROLL
     for (int c = 0; c < kCols; ++c) {
       const float lse = kPrefetchStats ? lse_cols[kPrefetchStats ? c : 0] : lse_log2[get<1>(offsets_rc(0, c))];
@@ -189,6 +191,15 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
       const float dot = kPrefetchStats ? dot_cols[kPrefetchStats ? c : 0] : row_dot[get<1>(offsets_rc(0, c))];
       CUTE_UNROLL
       for (int r = 0; r < size<0>(dp_rc); ++r) dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - dot);
+    }
+    if (hook.active()) {
+      CUTE_UNROLL
+      for (int c = 0; c < kCols; ++c) {
+        const float lse = lse_log2[get<1>(offsets_rc(0, c))];
+        CUTE_UNROLL
+        for (int r = 0; r < size<0>(dp_rc); ++r)
+          dp_rc(r, c) *= hook.grad_factor(s_rc(r, c), lse, 1.f / args.scale_log2);
+      }
     }
     convert_fragment_into(acc_s, p_regs);
     constexpr bool kDvLast = Traits::kDvAfterDq;

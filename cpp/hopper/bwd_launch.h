@@ -84,7 +84,7 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
 
   const BwdWorkspace workspace = bwd_workspace(p.batch, p.nheads, p.nheads_kv, p.seqlen_q, p.seqlen_k,
                                                kHeadDim, /*lse_log2=*/true, /*dq_accum=*/true,
-                                               /*dq_ready=*/true, hopper_bwd_tail_split(p.causal));
+                                               /*dq_ready=*/true, hopper_bwd_tail_split(has_band(p)));
   // The last wave split (bwd_tail_split.h) where the workspace has room.
   constexpr bool kCanSplitTail = Traits::kBlockN <= kBwdChunkBlockN;
   const int split_tiles_max = kCanSplitTail && p.split_done != nullptr
@@ -148,7 +148,7 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
     const double convert_blocks = 0.7 * double(count) * p.heads_per_kv * p.seqlen_q_padded * kHeadDim / 8192.0;
     kp.split = plan_tail_split(key_blocks, key_blocks * count, p.heads_per_kv * query_blocks, sms, split_tiles_max,
                                convert_blocks);
-    if (p.causal) {
+    if (p.causal && !MaskPolicy::of(p).bounds_left()) {  // the causal triangle's costs
       const long long pair_bytes =
           (long long)p.heads_per_kv * p.seqlen_q_padded * kHeadDim * (2 * sizeof(Element) + sizeof(float));
       plan_causal_tail(kp.split, count, sms, pair_bytes);

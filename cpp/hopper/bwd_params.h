@@ -45,8 +45,8 @@ CUTE_DEVICE BwdTile bwd_tile(BwdParams<Traits> const& params, int cta) {
   const int pair = params.pair_begin + tile.pair_slot;
   tile.batch = pair / args.nheads_kv;
   tile.kv_head = pair % args.nheads_kv;
-  const QueryBlockRange range = query_block_range<Traits::kBlockM, Traits::kBlockN>(
-      tile.n_block * Traits::kBlockN, args.seqlen_q, args.seqlen_k, args.causal);
+  const QueryBlockRange range =
+      query_block_range<Traits::kBlockM, Traits::kBlockN>(MaskPolicy::of(args), tile.n_block * Traits::kBlockN);
   const int blocks = args.heads_per_kv * range.count();
   tile.split = work.split;
   tile.block_begin = work.split < 0 ? 0 : part_block_begin(blocks, work.part, params.split.parts);

@@ -55,8 +55,8 @@ CUTE_DEVICE void produce_bwd(BwdParams<Traits> const& params, typename Traits::S
 
   Tensor tQsQ = tma_q.partition_D(sQ);     // (TMA, ..., stage)
   Tensor tdOsdO = tma_do.partition_D(sdO);
-  const QueryBlockRange range = query_block_range<kBlockM, Traits::kBlockN>(
-      n_block * Traits::kBlockN, args.seqlen_q, args.seqlen_k, args.causal);
+  const QueryBlockRange range =
+      query_block_range<kBlockM, Traits::kBlockN>(MaskPolicy::of(args), n_block * Traits::kBlockN);
   auto q_state = cutlass::make_producer_start_state<PipelineQ>();
   auto do_state = cutlass::make_producer_start_state<typename Traits::PipelineDo>();
   const int count = range.count();

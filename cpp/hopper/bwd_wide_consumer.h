@@ -20,6 +20,7 @@
 #include "hopper/wgmma.h"
 #include "mask.h"
 #include "online_softmax.h"  // fast_exp2
+#include "score_hook.h"
 
 namespace flashcute::hopper {
 
@@ -107,10 +108,10 @@ CUTE_DEVICE void consume_bwd_wide(BwdParams<Traits> const& params, typename Trai
   constexpr int kScoreRows = decltype(size<0>(offsets_rc))::value;
   const int thread_row = get<0>(thr_sdp.partition_C(cS)(0));
   const int thread_key = consumer * kKeys + get<1>(thr_sdp.partition_C(cS)(0));  // in the block
-  const BlockMask mask{args.seqlen_k, args.seqlen_k - args.seqlen_q, args.causal};
+  const MaskPolicy mask = MaskPolicy::of(args);
+  const ScoreHook hook = ScoreHook::of(args);
   const int key0 = n_block * kBlockN;
-  const QueryBlockRange range =
-      query_block_range<kBlockM, kBlockN>(key0, args.seqlen_q, args.seqlen_k, args.causal);
+  const QueryBlockRange range = query_block_range<kBlockM, kBlockN>(mask, key0);
   const int pair_slot0 = (batch * args.nheads_kv + kv_head - params.pair_begin) * args.heads_per_kv;
 
   cutlass::PipelineState<kStages> q_state, q_release;  // next stage to read; read by dK not yet awaited
@@ -143,7 +144,8 @@ CUTE_DEVICE void consume_bwd_wide(BwdParams<Traits> const& params, typename Trai
       ++q_release;
     }
     Tensor s_rc = rowcol_view(acc_s);
-    if (m < range.masked_end)  // warp-uniform: the bulk skips the mask
+    if (hook.active()) hook.apply(acc_s);
+    if (range.needs_mask(m))  // warp-uniform: the bulk skips the mask
       mask.apply(s_rc, offsets_rc, m * kBlockM + thread_row, key0 + thread_key);
     CUTE_UNROLL
     for (int r = 0; r < kScoreRows; ++r) {
@@ -163,6 +165,15 @@ CUTE_DEVICE void consume_bwd_wide(BwdParams<Traits> const& params, typename Trai
     for (int r = 0; r < kScoreRows; ++r) {
       CUTE_UNROLL
       for (int c = 0; c < size<1>(dp_rc); ++c) dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - dot_rows[r]);
+    }
+    if (hook.active()) {
+      CUTE_UNROLL
+      for (int r = 0; r < kScoreRows; ++r) {
+        const float lse = lse_log2[get<0>(offsets_rc(r, 0))];
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(dp_rc); ++c)
+          dp_rc(r, c) *= hook.grad_factor(s_rc(r, c), lse, 1.f / args.scale_log2);
+      }
     }
     convert_fragment_into(acc_dp, ds_regs);
     copy(pds_copy, tPrdS, tPsdS(_, _, _, buffer));

@@ -5,10 +5,11 @@
 // P(n)·V(n) are issued together, the softmax of S(n-1) runs once S is back while P·V is
 // still in flight, and O is rescaled after it lands. Between warpgroups, MmaTurns orders the
 // issue so their GEMM phases alternate. The blocks that need the mask (sequence tail, causal
-// diagonal) come first and run in their own loop; the bulk runs without mask code and keeps
+// diagonal, window's right side) come first and run in their own loop, those on the window's
+// left side last (mask.h); the bulk runs without mask code and keeps
 // each row's max while the weights stay small (online_softmax.h): no max search, no O rescale.
 // Where any thread of a warpgroup finds them too large, the warpgroup computes S again and
-// takes the full update. Key blocks
+// takes the full update. The score hook (softcap) runs on S before all of this. Key blocks
 // that none of a consumer's rows can see are skipped by that consumer alone. A piece of a
 // split tile (fwd_tail_split.h) runs its own key blocks and leaves its state; the CTA whose
 // piece finishes a tile merges and stores it once its own pieces are done (few-row tiles: all
@@ -25,6 +26,7 @@
 #include "hopper/wgmma.h"
 #include "mask.h"
 #include "online_softmax.h"
+#include "score_hook.h"
 
 namespace flashcute::hopper {
 
@@ -65,7 +67,8 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
   Tensor score_offsets_rc = make_tensor(tScS0.data(), rowcol_layout(tScS0.layout()));
   const int thread_row = get<0>(thr_qk.partition_C(cS)(0));
   const int thread_col = get<1>(thr_qk.partition_C(cS)(0));
-  const BlockMask mask{args.seqlen_k, args.seqlen_k - args.seqlen_q, args.causal};
+  const MaskPolicy mask = MaskPolicy::of(args);
+  const ScoreHook hook = ScoreHook::of(args);
   // Whether this thread's warp (16 of the consumer's rows) has query rows in [0, seqlen_q):
   // pieces of split tiles leave and merge no state for warps without.
   auto warp_has_rows = [&](int consumer_row0) {
@@ -88,19 +91,20 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
   for (; walk.valid(); walk.advance(), ++iteration) {
     const FwdTile tile = walk.tile();
     const int row0 = tile_row0(params, tile.m_block);
-    KeyBlockRange range = key_block_range<kBlockN>(row0, Traits::kBlockM, args.seqlen_q,
-                                                   args.seqlen_k, args.causal);
-    // This consumer's own rows may see fewer key blocks than the tile's (causal diagonal, rows
-    // outside [0, seqlen_q)): it skips their GEMMs but still takes its turns and frees their stages.
+    KeyBlockRange range = key_block_range<kBlockN>(mask, row0, Traits::kBlockM);
+    // This consumer's own rows may see fewer key blocks than the tile's (causal diagonal,
+    // window, rows outside [0, seqlen_q)): it skips their GEMMs but still takes its turns and
+    // frees their stages, before its blocks ([mine.n_end, range.n_end)) and after them
+    // ([n_begin, mine_begin)).
     const int consumer_row0 = row0 + consumer * kRows;
     KeyBlockRange mine = consumer_row0 >= args.seqlen_q || consumer_row0 + kRows <= 0
-                             ? KeyBlockRange{0, 0}
-                             : key_block_range<kBlockN>(consumer_row0, kRows, args.seqlen_q,
-                                                        args.seqlen_k, args.causal);
-    // A piece of a split tile: its key blocks [n_begin, key_end) only.
-    const int n_begin = tile.key_begin;
+                             ? KeyBlockRange{0, 0, 0, 0}
+                             : key_block_range<kBlockN>(mask, consumer_row0, kRows);
+    // A piece of a split tile: its key blocks [key_begin, key_end) only.
+    const int n_begin = cute::max(range.n_begin, tile.key_begin);
     range.n_end = cute::min(range.n_end, tile.key_end);
-    mine.n_end = cute::max(cute::min(mine.n_end, tile.key_end), n_begin);
+    mine.n_end = cute::max(cute::min(mine.n_end, range.n_end), n_begin);
+    const int mine_begin = cute::min(cute::max(mine.n_begin, n_begin), mine.n_end);
     const int my_row = consumer_row0 + thread_row;
     OnlineSoftmax<kThreadRows> softmax(args.scale_log2);
     clear(acc_o);
@@ -110,6 +114,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
       pipeline_k.consumer_release(k_state);
       ++k_state;
       Tensor acc_s_rc = rowcol_view(acc_s);
+      if (hook.active()) hook.apply(acc_s);  // S is raw here
       if (masked) mask.apply(acc_s_rc, score_offsets_rc, my_row, n * kBlockN + thread_col);
       softmax.update_scores(acc_s_rc, correction);
     };
@@ -117,7 +122,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
     int n = range.n_end - 1;
     const bool skips = mine.n_end < range.n_end;
     if (skips) epilogue.release_previous_o(iteration);  // before waiting for any V
-    for (; n >= mine.n_end; --n) {
+    auto skip_block = [&] {
       turns.wait();
       turns.pass();
       pipeline_k.consumer_wait(k_state);
@@ -126,8 +131,9 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
       pipeline_v.consumer_wait(v_state);
       pipeline_v.consumer_release(v_state);
       ++v_state;
-    }
-    if (n >= n_begin) {
+    };
+    for (; n >= mine.n_end; --n) skip_block();
+    if (n >= mine_begin) {
       {
         AccS acc_s;
         float correction[kThreadRows];
@@ -137,7 +143,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
         turns.pass();
         if (!skips) epilogue.release_previous_o(iteration);
         warpgroup_wait<0>();
-        scores_done(acc_s, n, n >= mine.n_unmasked, correction);  // acc_o is still zero
+        scores_done(acc_s, n, mine.needs_mask(n), correction);  // acc_o is still zero
         convert_fragment_into(acc_s, p_regs);
       }
       // One key block: S(n) = Q·K(n)ᵀ issued with P(n+1)·V(n+1), softmax of S(n) meanwhile.
@@ -158,6 +164,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
         float block_sum[kThreadRows];
         if constexpr (kKeepMax) {
           Tensor acc_s_rc = rowcol_view(acc_s);
+          if (hook.active()) hook.apply(acc_s);
           max_kept = all_of_threads(softmax.exp2_against_kept_max(acc_s_rc, block_sum),
                                     int(FwdBarrier::kKeptMax0) + consumer, 128);
           if (!max_kept && Traits::kHeadDim < 256) {
@@ -181,7 +188,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
           softmax.add_block_sums(block_sum);
         } else {
           if constexpr (kKeepMax) warpgroup_wait<0>();
-          scores_done(acc_s, n, decltype(masked)::value, correction);
+          scores_done(acc_s, n, decltype(masked)::value, correction);  // S computed again: raw
         }
         warpgroup_wait<0>();
         pipeline_v.consumer_release(v_state);
@@ -189,8 +196,9 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
         if (!max_kept) OnlineSoftmax<kThreadRows>::rescale(acc_o_rc, correction);
         convert_fragment_into(acc_s, p_regs);
       };
-      for (--n; n >= n_begin && n >= mine.n_unmasked; --n) step(n, cute::true_type{});
-      for (; n >= n_begin; --n) step(n, cute::false_type{});
+      for (--n; n >= mine_begin && n >= mine.n_unmasked; --n) step(n, cute::true_type{});
+      for (; n >= mine_begin && n >= mine.n_unmasked_begin; --n) step(n, cute::false_type{});
+      for (; n >= mine_begin; --n) step(n, cute::true_type{});
       if constexpr (!Traits::kOAliasesQ) storage.q_empty.arrive();  // last Q·Kᵀ has completed
 
       pipeline_v.consumer_wait(v_state);
@@ -200,6 +208,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
       warpgroup_wait<0>();
       pipeline_v.consumer_release(v_state);
       ++v_state;
+      for (; n >= n_begin; --n) skip_block();
     } else {
       if (range.n_end > n_begin) {  // the turn the other consumers take for their last P·V
         turns.wait();

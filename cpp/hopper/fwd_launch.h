@@ -169,8 +169,10 @@ Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
   // so that the consumers a partial tile leaves idle sit in the first tile (the fewest keys), not
   // the last (the most). TMA boxes then start at row 0 or later, or are skipped.
   const int missing_rows = partial_last_tile ? Traits::kBlockM - p.seqlen_q % Traits::kBlockM : 0;
-  kp.row_shift = p.causal ? missing_rows / Traits::kRowsPerConsumer * Traits::kRowsPerConsumer : 0;
-  kp.schedule = TileSchedule::make(num_m_blocks, p.nheads, p.batch, group_size, p.causal, partial_last_tile);
+  // Pairs balance the causal triangle; a window's tiles cost about the same each.
+  const bool paired = p.causal && !MaskPolicy::of(p).bounds_left();
+  kp.row_shift = paired ? missing_rows / Traits::kRowsPerConsumer * Traits::kRowsPerConsumer : 0;
+  kp.schedule = TileSchedule::make(num_m_blocks, p.nheads, p.batch, group_size, paired, partial_last_tile);
   int grid = std::min(kp.schedule.num_units, sm_count);
 
   // The last wave shared by all CTAs, where it pays and the caller gave the workspace for it.

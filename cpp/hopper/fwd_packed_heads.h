@@ -18,12 +18,13 @@
 namespace flashcute::hopper {
 
 // The query heads packed per tile row block: G where packing holds, else 1. Packing needs
-// whole 128-byte swizzle columns (head dims that are multiples of 64), no causal mask unless
-// there is one query row (bottom-right causal then masks nothing), and fewer query tiles.
+// whole 128-byte swizzle columns (head dims that are multiples of 64), no causal or window
+// band unless there is one query row and no left window side (the bottom-right causal
+// diagonal, or a right side, then masks nothing), and fewer query tiles.
 inline int fwd_packed_heads(const FwdKernelParams& p, int headdim, int block_m) {
   const int group = p.heads_per_kv;
   if (group < 2 || 64 % group != 0 || headdim % 64 != 0 || block_m <= 0 || p.seqlen_q <= 0) return 1;
-  if (p.causal && p.seqlen_q != 1) return 1;
+  if (has_band(p) && (p.seqlen_q != 1 || p.window_left < p.seqlen_k)) return 1;
   if (static_cast<long long>(p.seqlen_q) * group > INT_MAX) return 1;  // the packed call's rows are an int
   const long long tiles = static_cast<long long>(group) * ((p.seqlen_q + block_m - 1) / block_m);
   const long long packed_tiles = (static_cast<long long>(p.seqlen_q) * group + block_m - 1) / block_m;
@@ -38,6 +39,8 @@ inline FwdKernelParams fwd_packed_view(const FwdKernelParams& p, int packed) {
   view.nheads = p.nheads / packed;
   view.heads_per_kv = 1;
   view.causal = false;  // one query row: the bottom-right diagonal masks no key
+  view.window_left = view.seqlen_k;
+  view.window_right = view.seqlen_q;
   return view;
 }
 

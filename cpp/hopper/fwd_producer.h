@@ -44,9 +44,10 @@ CUTE_DEVICE void produce_fwd(FwdParams<Traits> const& params, typename Traits::S
   for (TileWalk walk(params.schedule); walk.valid(); walk.advance(), ++iteration) {
     const FwdTile tile = walk.tile();
     const int kv_head = tile.head / args.heads_per_kv;
-    const KeyBlockRange range = key_block_range<kBlockN>(tile_row0(params, tile.m_block), Traits::kBlockM,
-                                                         args.seqlen_q, args.seqlen_k, args.causal);
-    const int n_begin = tile.key_begin;  // a piece of a split tile: its key blocks only
+    const KeyBlockRange range = key_block_range<kBlockN>(MaskPolicy::of(args), tile_row0(params, tile.m_block),
+                                                         Traits::kBlockM);
+    // A piece of a split tile: its key blocks only.
+    const int n_begin = cute::max(range.n_begin, tile.key_begin);
     const int n_end = range.n_end < tile.key_end ? range.n_end : tile.key_end;
     // (TMA, ..., 64-row block): block b starts at row 64 b - row_shift
     Tensor tQgQ = tma_q.partition_S(local_tile(domain_offset(make_coord(-params.row_shift, _0{}),

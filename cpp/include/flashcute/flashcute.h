@@ -66,14 +66,20 @@ struct AttentionForwardParams {
 
   float softmax_scale = 0.f;  // applied to q·kᵀ before the softmax
   bool causal = false;        // bottom-right aligned when seqlen_q != seqlen_k
+  // Local (sliding-window) attention: query i sees key j only where
+  // i + seqlen_k - seqlen_q - window_left <= j <= i + seqlen_k - seqlen_q + window_right;
+  // -1 leaves a side unbounded. causal sets window_right to 0.
+  int64_t window_left = -1, window_right = -1;
+  // > 0: each scaled score s becomes softcap · tanh(s / softcap) before the mask and softmax.
+  float softcap = 0.f;
   DType dtype = DType::kFloat16;
   int device = -1;            // CUDA device of the pointers; -1: the current device
   cudaStream_t stream = nullptr;
 };
 
-// Bytes of the optional forward workspace for these sizes, dtype, `causal` and backend on
+// Bytes of the optional forward workspace for these sizes, dtype, mask and backend on
 // params.device (pointers are not read): fp32 partial results where the Hopper path splits the
-// last wave of a non-causal call over all SMs (up to 2 · SMs · tile rows · (headdim + 8) · 4
+// last wave of a call without causal or window mask over all SMs (up to 2 · SMs · tile rows · (headdim + 8) · 4
 // bytes), else 0.
 FLASHCUTE_API Status attention_forward_workspace_size(const AttentionForwardParams& params, size_t* bytes,
                                                       Backend backend = Backend::kAuto);
@@ -118,6 +124,8 @@ struct AttentionBackwardParams {
 
   float softmax_scale = 0.f;
   bool causal = false;
+  int64_t window_left = -1, window_right = -1;  // as in AttentionForwardParams
+  float softcap = 0.f;                          // as in AttentionForwardParams
   // Bitwise reproducible gradients: the Ampere path then computes dQ in its own pass over
   // query blocks instead of adding every key block's part with floating-point atomics. The
   // Hopper path always adds dQ with atomics, so with kAuto this flag picks the Ampere path
