@@ -121,7 +121,7 @@ Status check_forward(const AttentionForwardParams& p) {
 // reaches into the sequence): per-tile work then varies (bwd_workspace.h, the launchers).
 template <class Params>
 bool requests_band(const Params& p) {
-  return p.causal || (p.window_left >= 0 && p.window_left < p.seqlen_k) ||
+  return p.causal || p.window_right == 0 || (p.window_left >= 0 && p.window_left < p.seqlen_k) ||
          (p.window_right >= 0 && p.window_right < p.seqlen_q);
 }
 
@@ -131,6 +131,8 @@ void set_mask_and_hook(Kernel& k, const Params& p) {
   auto clip = [](int64_t side, int64_t unbounded) { return side < 0 || side > unbounded ? unbounded : side; };
   k.window_left = static_cast<int>(clip(p.window_left, p.seqlen_k));
   k.window_right = p.causal ? 0 : static_cast<int>(clip(p.window_right, p.seqlen_q));
+  // A window of (unbounded, 0) is the causal mask: it takes the causal schedules too.
+  k.causal = p.causal || (k.window_right == 0 && k.window_left == p.seqlen_k);
   k.softcap_in = p.softcap > 0.f ? p.softmax_scale / p.softcap : 0.f;
   k.softcap_out = p.softcap > 0.f ? p.softcap / p.softmax_scale : 0.f;
 }

@@ -25,6 +25,7 @@ from flashcute import reference  # noqa: E402
 
 sdpa_module = importlib.import_module("flashcute.sdpa")
 fa_module = importlib.import_module("flashcute.flash_attn_compat")
+hf_module = importlib.import_module("flashcute.integrations.transformers")
 
 
 class ReferenceKernel:
@@ -33,12 +34,14 @@ class ReferenceKernel:
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
 
-    def __call__(self, q, k, v, *, causal=False, softmax_scale=None, return_lse=False, out=None,
-                 backend=None, deterministic=False):
+    def __call__(self, q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1),
+                 softcap=0.0, return_lse=False, out=None, backend=None, deterministic=False):
         self.calls.append(dict(q=q, k=k, v=v, causal=causal, softmax_scale=softmax_scale,
-                               out=out, deterministic=deterministic))
+                               window=tuple(window), softcap=softcap, out=out,
+                               deterministic=deterministic))
         result = reference.attention(q, k, v, causal=causal, softmax_scale=softmax_scale,
-                                     return_lse=return_lse, dtype=q.dtype)
+                                     window=window, softcap=softcap, return_lse=return_lse,
+                                     dtype=q.dtype)
         if out is not None:
             out.copy_(result[0] if return_lse else result)
             return (out, result[1]) if return_lse else out
@@ -50,6 +53,7 @@ def kernel(monkeypatch):
     fake = ReferenceKernel()
     monkeypatch.setattr(sdpa_module, "attention", fake)
     monkeypatch.setattr(fa_module, "attention", fake)
+    monkeypatch.setattr(hf_module, "attention", fake)
     return fake
 
 
@@ -254,28 +258,76 @@ def test_flash_attn_func_passes_deterministic(kernel):
     assert kernel.calls[0]["deterministic"] is True
 
 
-@pytest.mark.parametrize("window_size,causal,want_causal", [
-    ((-1, -1), False, False),
-    ([-1, -1], True, True),
-    ((-1, 0), False, True),   # FlashAttention's causal mask as a window
-    ((-1, 3), True, True),    # causal sets the right bound to 0
-    ((7, 7), False, False),   # bounds of at least seqlen_k are no bounds
-    ((100, 0), False, True),
-    ((-5, -2), False, False),
+@pytest.mark.parametrize("window_size,causal,seqlen_q,want", [
+    ((-1, -1), False, 5, (-1, -1)),
+    ([-1, -1], True, 5, (-1, -1)),
+    ((-1, 0), False, 5, (-1, 0)),     # FlashAttention's causal mask as a window
+    ((-5, -2), False, 5, (-1, -1)),   # any negative bound is no bound
+    ((7, 7), False, 5, (-1, -1)),     # bounds of at least seqlen_k are no bounds
+    ((100, 0), False, 5, (-1, 0)),
+    ((3, -1), False, 5, (3, -1)),
+    ((-1, 2), False, 5, (-1, 2)),
+    ((2, 0), True, 5, (2, 0)),
+    ((2, 3), True, 5, (2, 3)),        # causal forces the right bound to 0 (flashcute's too)
+    ((6, 6), False, 5, (6, 6)),
+    ((0, 0), False, 9, (0, 0)),
+    ((1, 7), False, 9, (1, -1)),      # more queries than keys: a right bound of seqlen_k is
+    ((1, 6), False, 9, (1, 6)),       # none for FlashAttention, though it masks for flashcute
 ])
-def test_flash_attn_func_windows_without_a_window(kernel, window_size, causal, want_causal):
-    q, k, v = fa_inputs(seqlen_k=7)
-    flashcute.flash_attn_func(q, k, v, causal=causal, window_size=window_size)
-    assert kernel.calls[0]["causal"] is want_causal
+def test_flash_attn_func_windows(kernel, window_size, causal, seqlen_q, want):
+    q, k, v = fa_inputs(seqlen_q=seqlen_q, seqlen_k=7)
+    out = flashcute.flash_attn_func(q, k, v, causal=causal, window_size=window_size)
+    (call,) = kernel.calls
+    assert call["window"] == want and call["causal"] is (causal or want[1] == 0)
+    torch.testing.assert_close(out, fa_window_oracle(q, k, v, window_size, causal),
+                               rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("window_size,causal", [((3, -1), False), ((-1, 2), False), ((2, 0), True),
-                                                ((6, 6), False)])
-def test_flash_attn_func_refuses_sliding_windows(kernel, window_size, causal):
-    q, k, v = fa_inputs(seqlen_k=7)
-    with pytest.raises(NotImplementedError, match=r"^window_size: .*sliding-window"):
-        flashcute.flash_attn_func(q, k, v, causal=causal, window_size=window_size)
-    assert kernel.calls == []
+def fa_window_oracle(q, k, v, window_size, causal, softcap=0.0, scale=None):
+    """FlashAttention's sliding-window attention as its documentation states it, written
+    out here: query i sees key j iff i + sk - sq - left <= j <= i + sk - sq + right, a bound
+    that is negative or at least seqlen_k being none, causal making right 0."""
+    seqlen_q, seqlen_k, headdim = q.shape[1], k.shape[1], q.shape[3]
+    left, right = (b if 0 <= b < seqlen_k else None for b in window_size)
+    if causal:
+        right = 0
+    scale = headdim**-0.5 if scale is None else scale
+    group = q.shape[2] // k.shape[2]
+    kk, vv = (x.repeat_interleave(group, dim=2) for x in (k, v))
+    scores = torch.einsum("bihd,bjhd->bhij", q, kk) * scale
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    i = torch.arange(seqlen_q)[:, None] + seqlen_k - seqlen_q
+    j = torch.arange(seqlen_k)[None, :]
+    seen = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool)
+    if left is not None:
+        seen &= j >= i - left
+    if right is not None:
+        seen &= j <= i + right
+    probs = torch.softmax(scores.masked_fill(~seen, float("-inf")), dim=-1).nan_to_num(0.0)
+    return torch.einsum("bhij,bjhd->bihd", probs, vv)
+
+
+def test_flash_attn_func_softcap(kernel):
+    q, k, v = fa_inputs(seqlen_q=6, seqlen_k=6)
+    q = q * 4  # scores large enough for the cap to matter
+    out, lse, _ = flashcute.flash_attn_func(q, k, v, softmax_scale=0.7, causal=True,
+                                             window_size=(2, 0), softcap=1.5,
+                                             return_attn_probs=True)
+    (call,) = kernel.calls
+    assert call["softcap"] == 1.5 and call["window"] == (2, 0)
+    want = fa_window_oracle(q, k, v, (2, 0), True, softcap=1.5, scale=0.7)
+    torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-10)
+    uncapped = fa_window_oracle(q, k, v, (2, 0), True, scale=0.7)
+    assert (out - uncapped).abs().max() > 1e-2  # the cap changed the result
+
+
+@pytest.mark.parametrize("softcap,error", [(-1.0, ValueError), (float("nan"), ValueError),
+                                           (True, TypeError), (None, TypeError)])
+def test_flash_attn_func_bad_softcap(kernel, softcap, error):
+    q, k, v = fa_inputs()
+    with pytest.raises(error, match=r"^softcap: "):
+        flashcute.flash_attn_func(q, k, v, softcap=softcap)
 
 
 @pytest.mark.parametrize("window_size", [(-1,), None, (-1.0, -1), (True, -1)])
@@ -286,7 +338,7 @@ def test_flash_attn_func_window_size_type(kernel, window_size):
 
 
 @pytest.mark.parametrize("name,value", [
-    ("dropout_p", 0.1), ("softcap", 30.0), ("alibi_slopes", torch.ones(4)), ("qv", torch.ones(1)),
+    ("dropout_p", 0.1), ("alibi_slopes", torch.ones(4)), ("qv", torch.ones(1)),
     ("q_descale", torch.ones(1)), ("k_descale", torch.ones(1)), ("v_descale", torch.ones(1)),
     ("attention_chunk", 128),
 ])
@@ -325,6 +377,9 @@ def test_flash_attn_func_on_cpu_reaches_the_device_check():
 def test_transformers_integration_imports_without_transformers(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` fails
     monkeypatch.delitem(sys.modules, "flashcute.integrations.transformers", raising=False)
+    # The package's attribute too, so that later tests get the module they patch back.
+    monkeypatch.delattr(importlib.import_module("flashcute.integrations"), "transformers",
+                        raising=False)
     integration = importlib.import_module("flashcute.integrations.transformers")
     with pytest.raises(ImportError, match=r"pip install transformers"):
         integration.register()
@@ -378,7 +433,7 @@ def test_register_adds_flashcute_to_transformers(hf):
 
     integration.register()  # again: changes nothing
     assert hf.AttentionInterface()["flashcute"] is integration.attention_forward
-    assert ALL_MASK_ATTENTION_FUNCTIONS["flashcute"] is ALL_MASK_ATTENTION_FUNCTIONS["sdpa"]
+    assert ALL_MASK_ATTENTION_FUNCTIONS["flashcute"] is integration.mask_function
     model = tiny_llama(hf, "flashcute")
     assert model.config._attn_implementation == "flashcute"
 
@@ -464,7 +519,7 @@ class _Module(torch.nn.Module):
         self.is_causal = is_causal
 
 
-@pytest.mark.parametrize("name", ["softcap", "s_aux", "cu_seq_lens_q", "max_length_k",
+@pytest.mark.parametrize("name", ["s_aux", "cu_seq_lens_q", "max_length_k",
                                   "head_mask", "position_bias", "seq_idx"])
 def test_attention_forward_refuses_features_by_name(kernel, name):
     from flashcute.integrations.transformers import attention_forward
@@ -489,30 +544,185 @@ def test_attention_forward_causality(kernel, module_causal, is_causal, want):
     assert kernel.calls[-1]["causal"] is want
 
 
-def test_attention_forward_takes_windows_longer_than_the_keys(kernel):
+def hf_oracle(query, key, value, *, causal, scale, window=None, softcap=None):
+    """transformers' eager attention with its masks, written out: (batch, heads, seq, dim)
+    inputs, GQA by repetition, a causal mask aligned top-left (query i sees key j <= i),
+    a sliding window i - window < j, softcap on the scaled scores."""
+    group = query.shape[1] // key.shape[1]
+    key, value = (x.repeat_interleave(group, dim=1) for x in (key, value))
+    scores = query @ key.transpose(-1, -2) * scale
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    i = torch.arange(query.shape[2])[:, None]
+    j = torch.arange(key.shape[2])[None, :]
+    if query.shape[2] == 1:  # a decoding step: the query is the last position
+        i = i + key.shape[2] - 1
+    seen = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool)
+    if causal:
+        seen &= j <= i
+    if window is not None:
+        seen &= j > i - window
+    probs = torch.softmax(scores.masked_fill(~seen, float("-inf")), dim=-1)
+    return (probs @ value).transpose(1, 2)
+
+
+@pytest.mark.parametrize("seqlen_q,seqlen_k,window", [
+    (6, 6, 7), (6, 6, 6), (6, 6, 2), (6, 6, 1), (4, 9, 2), (1, 9, 3), (1, 3, 3),
+])
+def test_attention_forward_sliding_window(kernel, seqlen_q, seqlen_k, window):
+    from flashcute.integrations.transformers import attention_forward
+
+    q, k, v = sdpa_inputs(nheads=4, nheads_kv=2, seqlen_q=seqlen_q, seqlen_k=seqlen_k)
+    out, _ = attention_forward(_Module(True), q, k, v, None, scaling=0.3, sliding_window=window)
+    want = hf_oracle(q, k, v, causal=seqlen_q > 1, scale=0.3, window=window)
+    torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-10)
+    masks = seqlen_k > window if seqlen_q == 1 else seqlen_q > window
+    assert kernel.calls[-1]["window"] == ((window - 1, -1) if masks else (-1, -1))
+
+
+def test_attention_forward_takes_the_window_from_the_module(kernel):
+    """Some models (Qwen2-MoE) keep the window on the layer and do not pass it."""
+    from flashcute.integrations.transformers import attention_forward
+
+    module = _Module(True)
+    module.sliding_window = 3
+    q, k, v = sdpa_inputs(nheads=4, nheads_kv=2, seqlen_q=7, seqlen_k=7)
+    out, _ = attention_forward(module, q, k, v, None, scaling=0.3)
+    torch.testing.assert_close(out, hf_oracle(q, k, v, causal=True, scale=0.3, window=3),
+                               rtol=1e-10, atol=1e-10)
+    assert kernel.calls[-1]["window"] == (2, -1)
+    # A window the model passes, None included, overrides the module's.
+    attention_forward(module, q, k, v, None, sliding_window=None)
+    assert kernel.calls[-1]["window"] == (-1, -1)
+    attention_forward(module, q, k, v, None, sliding_window=5)
+    assert kernel.calls[-1]["window"] == (4, -1)
+
+
+def test_attention_forward_softcap(kernel):
     from flashcute.integrations.transformers import attention_forward
 
     q, k, v = sdpa_inputs(nheads=4, nheads_kv=2, seqlen_q=6, seqlen_k=6)
-    attention_forward(_Module(True), q, k, v, None, sliding_window=7)
-    for window in (6, 2):
-        with pytest.raises(NotImplementedError, match=r"^sliding_window: .*6 keys"):
-            attention_forward(_Module(True), q, k, v, None, sliding_window=window)
+    q = q * 5
+    out, _ = attention_forward(_Module(True), q, k, v, None, scaling=0.3, softcap=0.8,
+                               sliding_window=3)
+    want = hf_oracle(q, k, v, causal=True, scale=0.3, window=3, softcap=0.8)
+    torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-10)
+    assert kernel.calls[-1]["softcap"] == 0.8
+    attention_forward(_Module(True), q, k, v, None, softcap=None)
+    assert kernel.calls[-1]["softcap"] == 0.0
 
 
-def test_mistral_with_a_window_longer_than_the_sequence_matches_sdpa(hf, kernel):
+def test_attention_forward_window_argument_errors(kernel):
+    from flashcute.integrations.transformers import attention_forward
+
+    q, k, v = sdpa_inputs(nheads=4, nheads_kv=2, seqlen_q=6, seqlen_k=6)
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match=r"^sliding_window: expected a positive int"):
+            attention_forward(_Module(True), q, k, v, None, sliding_window=bad)
+    # A module that is not causal: only windows that mask nothing.
+    attention_forward(_Module(False), q, k, v, None, sliding_window=6)
+    with pytest.raises(NotImplementedError, match=r"^sliding_window: .*bidirectional"):
+        attention_forward(_Module(False), q, k, v, None, sliding_window=5)
+    # More queries than keys: SDPA's top-left window has no bottom-right equivalent.
+    q8, k3, v3 = sdpa_inputs(nheads=4, nheads_kv=2, seqlen_q=8, seqlen_k=3)
+    with pytest.raises(NotImplementedError, match=r"^sliding_window, softcap: .*8 queries"):
+        attention_forward(_Module(True), q8, k3, v3, None, sliding_window=2)
+    attention_forward(_Module(True), q8, k3, v3, None, sliding_window=8)  # masks nothing
+
+
+def test_mask_function_leaves_out_causal_sliding_windows_only(hf):
+    from transformers.masking_utils import chunked_causal_mask_function, sdpa_mask, \
+        sliding_window_causal_mask_function
+
+    from flashcute.integrations.transformers import mask_function
+
+    config = hf.MistralConfig(sliding_window=4)
+    sliding = dict(batch_size=2, q_length=9, kv_length=9, local_size=4, config=config,
+                   mask_function=sliding_window_causal_mask_function(4))
+    assert sdpa_mask(**sliding) is not None  # SDPA's makes the window a mask
+    assert mask_function(**sliding) is None
+    padding = torch.ones(2, 9, dtype=torch.bool)
+    padding[0, :2] = False
+    masked = mask_function(**sliding, attention_mask=padding)
+    assert torch.equal(masked, sdpa_mask(**sliding, attention_mask=padding))
+    assert mask_function(**{**sliding, "allow_is_causal_skip": False}) is not None
+    chunked = dict(sliding, mask_function=chunked_causal_mask_function(4, torch.zeros(2, dtype=int)))
+    chunked["config"] = hf.MistralConfig(sliding_window=None)
+    assert mask_function(**chunked) is not None
+    chunked["config"] = hf.MistralConfig(sliding_window=4)
+    chunked["config"].attention_chunk_size = 4
+    assert mask_function(**chunked) is not None
+
+
+def mistral_pair(hf, **overrides):
     config = dict(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                  num_attention_heads=2, num_key_value_heads=1, sliding_window=8,
+                  num_attention_heads=2, num_key_value_heads=1, sliding_window=4,
                   initializer_range=0.05)
+    config.update(overrides)
     models = {}
     for implementation in ("sdpa", "flashcute"):
         torch.manual_seed(0)
         models[implementation] = hf.MistralForCausalLM._from_config(
             hf.MistralConfig(**config), attn_implementation=implementation).eval()
-    ids = torch.randint(0, 128, (2, 7))
-    torch.testing.assert_close(models["flashcute"](ids).logits, models["sdpa"](ids).logits,
-                               rtol=1e-4, atol=1e-4)
-    with pytest.raises(NotImplementedError, match=r"^sliding_window: "):
-        models["flashcute"](torch.randint(0, 128, (2, 8)))
+    return models
+
+
+def test_mistral_sliding_window_matches_sdpa(hf, kernel):
+    models = mistral_pair(hf)
+    for length in (3, 4, 11):
+        ids = torch.randint(0, 128, (2, length), generator=torch.Generator().manual_seed(length))
+        kernel.calls.clear()
+        torch.testing.assert_close(models["flashcute"](ids).logits, models["sdpa"](ids).logits,
+                                   rtol=1e-4, atol=1e-4)
+        want = (3, -1) if length > 4 else (-1, -1)
+        assert {call["window"] for call in kernel.calls} == {want}
+
+
+def test_mistral_sliding_window_decoding_matches_sdpa(hf, kernel):
+    models = mistral_pair(hf)
+    ids = torch.randint(0, 128, (2, 10), generator=torch.Generator().manual_seed(5))
+    results = {}
+    for implementation, model in models.items():
+        with torch.no_grad():
+            out = model(ids[:, :7], use_cache=True)
+            logits = [out.logits]
+            for t in range(7, 10):
+                out = continue_cache(model, ids[:, t:t + 1], out)
+                logits.append(out.logits)
+        results[implementation] = logits
+    for got, want in zip(results["flashcute"], results["sdpa"]):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_mistral_sliding_window_with_padding_is_refused(hf, kernel):
+    model = mistral_pair(hf)["flashcute"]
+    ids = torch.randint(0, 128, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[0, :2] = 0
+    with pytest.raises(NotImplementedError, match=r"^attention_mask: "):
+        model(ids, attention_mask=mask)
+
+
+def test_gemma2_softcap_and_sliding_window_match_eager(hf, kernel):
+    """Gemma-2 alternates sliding-window and global layers and softcaps the attention logits;
+    transformers' SDPA refuses softcap, so the eager implementation is the baseline."""
+    models = {}
+    for implementation in ("eager", "flashcute"):
+        config = hf.Gemma2Config(vocab_size=128, hidden_size=64, intermediate_size=128,
+                                 num_hidden_layers=2, num_attention_heads=2,
+                                 num_key_value_heads=1, head_dim=32, sliding_window=4,
+                                 attn_logit_softcapping=0.5, query_pre_attn_scalar=32,
+                                 initializer_range=0.5)
+        torch.manual_seed(0)
+        models[implementation] = hf.Gemma2ForCausalLM._from_config(
+            config, attn_implementation=implementation).eval()
+    assert models["eager"].config._attn_implementation == "eager"
+    ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(6))
+    want = models["eager"](ids).logits
+    assert kernel.calls == []
+    torch.testing.assert_close(models["flashcute"](ids).logits, want, rtol=1e-4, atol=1e-4)
+    assert sorted(call["window"] for call in kernel.calls) == [(-1, -1), (3, -1)]
+    assert {call["softcap"] for call in kernel.calls} == {0.5}
 
 
 def test_llama_under_autocast_hands_the_kernel_the_autocast_dtype(hf, kernel):

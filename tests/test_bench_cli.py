@@ -5,6 +5,7 @@ None of these tests needs a GPU or the compiled flashcute extension.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import types
@@ -16,6 +17,7 @@ from flashcute.bench import (  # noqa: E402
     DEFAULT_HDIMS,
     DEFAULT_SEQLENS,
     IMPLS,
+    NO_WINDOW,
     QUICK_HDIMS,
     QUICK_SEQLENS,
     TOTAL_HIDDEN,
@@ -31,6 +33,8 @@ from flashcute.bench import (  # noqa: E402
     causal_pairs,
     causal_values,
     config_flops,
+    feature_name,
+    feature_skip_reason,
     format_table,
     impl_skip_reason,
     impl_unavailable_reason,
@@ -39,10 +43,14 @@ from flashcute.bench import (  # noqa: E402
     main,
     parse_args,
     parse_shape,
+    parse_softcap,
+    parse_window,
     plot_results,
     results_to_json,
     select_impls,
     tflops_from_ms,
+    visible_pairs,
+    with_feature,
     write_json,
 )
 
@@ -333,10 +341,11 @@ def test_write_json_schema(tmp_path) -> None:
     assert loaded["dtype"] == "bf16"
     assert len(loaded["rows"]) == len(rows)
     required = {"impl", "dtype", "hdim", "causal", "seqlen", "batch", "nheads", "fwd_tflops",
-                "seqlen_q", "seqlen_k", "nheads_kv"}
+                "seqlen_q", "seqlen_k", "nheads_kv", "feature"}
     for row, src in zip(loaded["rows"], rows):
         assert required <= set(row)
         assert set(row) - required <= {"bwd_tflops"}
+        assert row["feature"] == "dense"
         assert row["seqlen_q"] == row["seqlen_k"] == row["seqlen"]
         assert row["nheads_kv"] == row["nheads"]
         assert isinstance(row["impl"], str) and row["impl"] in IMPLS
@@ -589,7 +598,8 @@ def test_sdpa_mask_note() -> None:
 
 
 def _run_fake_benchmark(
-    monkeypatch, mismatching: str, impls: list[str], reference=lambda q, k, v, causal: q,
+    monkeypatch, mismatching: str, impls: list[str],
+    reference=lambda q, k, v, causal, **features: q, configs: list | None = None,
 ) -> tuple[list, Notes]:
     """run_benchmark on CPU with the inputs, --check and timing stubbed out."""
     torch = pytest.importorskip("torch")
@@ -611,7 +621,8 @@ def _run_fake_benchmark(
     monkeypatch.setattr(timing, "time_impl", fake_time)
     monkeypatch.setitem(sys.modules, "flash_attn_interface", _fake_fa3_module())
     notes = Notes()
-    configs = build_shapes([Shape(1, 64, 128, 8, 2, 128)], [True])
+    if configs is None:
+        configs = build_shapes([Shape(1, 64, 128, 8, 2, 128)], [True])
     rows = timing.run_benchmark(
         configs, impls, build_info=BUILD_INFO, capability=(9, 0), warmup_ms=1.0, rep_ms=1.0,
         bwd=False, check=True, seed=0, notes=notes, progress=make_progress(1, enabled=False),
@@ -629,7 +640,7 @@ def test_check_skips_mismatching_fa3(monkeypatch) -> None:
 
 
 def test_check_skips_when_the_reference_fails(monkeypatch) -> None:
-    def failing_reference(q, k, v, causal):
+    def failing_reference(q, k, v, causal, **features):
         raise RuntimeError("no kernel")
 
     rows, notes = _run_fake_benchmark(monkeypatch, "", ["flashcute-hopper", "sdpa-cudnn"],
@@ -702,3 +713,363 @@ def test_progress_uses_tqdm(monkeypatch) -> None:
     bar = make_progress(4)
     assert isinstance(bar, FakeTqdm) and bar.kwargs["total"] == 4
     assert not isinstance(make_progress(4, enabled=False), FakeTqdm)
+
+
+# ------------------------------------------------- sliding window and softcap
+
+
+def test_parse_window_and_softcap() -> None:
+    args = parse_args([])
+    assert args.window == NO_WINDOW == (-1, -1) and args.softcap == 0.0
+    assert not args.with_dense
+    args = parse_args(["--window", "4096,0", "--softcap", "30", "--with-dense"])
+    assert args.window == (4096, 0) and args.softcap == 30.0 and args.with_dense
+    assert parse_args(["--window", "-1,128"]).window == (-1, 128)
+    assert parse_args(["--window=-1,128"]).window == (-1, 128)
+    assert parse_args(["--window", " -1, 128", "--causal", "yes"]).window == (-1, 128)
+    assert parse_args(["--window", "0,0"]).window == (0, 0)
+    assert parse_args(["--softcap", "0"]).softcap == 0.0
+    assert parse_args(["--softcap", "2.5e1"]).softcap == 25.0
+    # --with-dense with an explicit no-op window is still refused below; a real one is not.
+    assert parse_args(["--window", "-1,-1", "--softcap", "1"]).window == (-1, -1)
+
+
+@pytest.mark.parametrize(
+    "argv,flag",
+    [
+        (["--window", "4096"], "--window"),  # one side only
+        (["--window", "1,2,3"], "--window"),
+        (["--window", "-2,0"], "--window"),  # below -1
+        (["--window", "0,-5"], "--window"),
+        (["--window", "a,b"], "--window"),
+        (["--window", "1.5,0"], "--window"),
+        (["--window", ","], "--window"),
+        (["--softcap", "-1"], "--softcap"),
+        (["--softcap", "nan"], "--softcap"),
+        (["--softcap", "inf"], "--softcap"),
+        (["--softcap", "abc"], "--softcap"),
+        (["--with-dense"], "--with-dense"),  # nothing to compare the dense problem with
+        (["--with-dense", "--window", "-1,-1", "--softcap", "0"], "--with-dense"),
+    ],
+)
+def test_parse_rejects_bad_window_and_softcap(argv: list[str], flag: str, capsys) -> None:
+    with pytest.raises(SystemExit) as exc_info:
+        parse_args(argv)
+    assert exc_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "error" in err and flag in err
+
+
+def test_parse_window_and_softcap_helpers() -> None:
+    assert parse_window("4096,0") == (4096, 0)
+    for bad in ("4096", "-2,0", "x,1", "1,2,3"):
+        with pytest.raises(ValueError, match="L,R"):
+            parse_window(bad)
+    assert parse_softcap("30") == 30.0
+    for bad in ("-0.5", "nan", "-inf", "1e999", "cap"):
+        with pytest.raises(ValueError):
+            parse_softcap(bad)
+
+
+def _brute_force_visible(seqlen_q: int, seqlen_k: int, causal: bool,
+                         window: tuple[int, int]) -> int:
+    """(query, key) pairs of the bottom-right window/causal mask, counted one by one."""
+    left, right = window
+    if causal:
+        right = 0
+    diag = seqlen_k - seqlen_q
+    return sum(1 for i in range(seqlen_q) for j in range(seqlen_k)
+               if (left < 0 or j >= i + diag - left) and (right < 0 or j <= i + diag + right))
+
+
+def test_visible_pairs_match_brute_force() -> None:
+    # sq < sk, sq > sk and sq == sk; sides from 0 up to beyond either sequence.
+    sides = [-1, 0, 1, 2, 3, 5, 8, 13, 40]
+    for seqlen_q in range(1, 10):
+        for seqlen_k in range(1, 10):
+            for left in sides:
+                for right in sides:
+                    for causal in (False, True):
+                        expected = _brute_force_visible(seqlen_q, seqlen_k, causal,
+                                                        (left, right))
+                        got = visible_pairs(seqlen_q, seqlen_k, causal=causal,
+                                            window=(left, right))
+                        assert got == expected, (seqlen_q, seqlen_k, causal, left, right)
+    assert visible_pairs(0, 5, window=(1, 1)) == visible_pairs(5, 0) == 0
+
+
+def test_visible_pairs_special_cases() -> None:
+    # No window: everything, or the causal count; windows wider than both sequences: the same.
+    for sq, sk in ((7, 7), (5, 11), (11, 5), (300, 1000)):
+        assert visible_pairs(sq, sk) == sq * sk
+        assert visible_pairs(sq, sk, window=(10**6, 10**6)) == sq * sk
+        assert visible_pairs(sq, sk, causal=True) == causal_pairs(sq, sk)
+        assert visible_pairs(sq, sk, causal=True, window=(10**6, -1)) == causal_pairs(sq, sk)
+        assert visible_pairs(sq, sk, causal=True, window=(-1, 7)) == causal_pairs(sq, sk)
+        assert visible_pairs(sq, sk, window=(0, 0)) == sum(
+            1 for i in range(sq) if 0 <= i + sk - sq < sk)
+    # Sliding window w causal at s >> w: w + 1 keys per row but the first w rows.
+    s, w = 16384, 4096
+    assert visible_pairs(s, s, causal=True, window=(w, 0)) == (s - w) * (w + 1) + w * (w + 1) // 2
+    assert visible_pairs(s, s, causal=True, window=(w, 0)) == sum(
+        min(i, w) + 1 for i in range(s))
+
+
+def test_window_flops_count_visible_pairs() -> None:
+    b, h, d = 2, 16, 128
+    for sq, sk in ((16384, 16384), (1000, 3000), (3000, 1000)):
+        for causal in (False, True):
+            for window in ((4096, 0), (100, 100), (0, -1), (-1, 50)):
+                pairs = visible_pairs(sq, sk, causal=causal, window=window)
+                fwd = attention_flops(b, h, sq, sk, d, causal, window=window)
+                assert fwd == 4 * b * h * d * pairs
+                assert attention_flops(b, h, sq, sk, d, causal, window=window,
+                                       backward=True) == 2.5 * fwd
+    # Without a window the published conventions stay: half of s^2 for causal sq == sk.
+    s = 4096
+    assert attention_flops(1, 1, s, s, 64, True) == 4 * 64 * s * s / 2
+    assert attention_flops(1, 1, s, s, 64, True, window=NO_WINDOW) == 4 * 64 * s * s / 2
+    cfg = BenchConfig("bf16", 128, True, 32768, 1, 16, window=(4096, 0), softcap=30.0)
+    assert config_flops(cfg) == 4 * 16 * 128 * visible_pairs(32768, 32768, causal=True,
+                                                             window=(4096, 0))
+    assert config_flops(cfg, backward=True) == 2.5 * config_flops(cfg)
+    # Softcap adds no FLOPs.
+    plain = BenchConfig("bf16", 128, True, 4096, 4, 16)
+    capped = BenchConfig("bf16", 128, True, 4096, 4, 16, softcap=30.0)
+    assert config_flops(capped) == config_flops(plain)
+    assert config_flops(capped, backward=True) == config_flops(plain, backward=True)
+
+
+def test_feature_names() -> None:
+    assert feature_name() == feature_name(NO_WINDOW, 0.0) == "dense"
+    assert feature_name((4096, 0)) == feature_name((-1, 0)) == "window"
+    assert feature_name(softcap=30.0) == "softcap"
+    assert feature_name((128, 128), 50.0) == "window+softcap"
+    assert BenchConfig("bf16", 64, True, 512, 32, 32).feature == "dense"
+    cfg = BenchConfig("bf16", 64, True, 512, 32, 32, window=(256, 0), softcap=20.0)
+    assert cfg.feature == "window+softcap"
+    assert "window=256,0" in cfg.label and "softcap=20" in cfg.label
+    assert cfg.dense() == BenchConfig("bf16", 64, True, 512, 32, 32)
+    assert cfg.key != cfg.dense().key
+
+
+def test_with_feature_and_dense() -> None:
+    base = build_grid([128], [512, 1024], [True])
+    assert with_feature(base) == base
+    assert with_feature(base, with_dense=True) == base  # nothing to add
+    featured = with_feature(base, (256, 0), 30.0)
+    assert [(c.seqlen, c.window, c.softcap) for c in featured] == [
+        (512, (256, 0), 30.0), (1024, (256, 0), 30.0)]
+    paired = with_feature(base, (256, 0), with_dense=True)
+    assert [(c.seqlen, c.feature) for c in paired] == [
+        (512, "dense"), (512, "window"), (1024, "dense"), (1024, "window")]
+    with pytest.raises(ValueError, match="window"):
+        with_feature(base, (-2, 0))
+    with pytest.raises(ValueError, match="softcap"):
+        with_feature(base, softcap=-1.0)
+
+
+def test_json_feature_key() -> None:
+    dense = BenchConfig("bf16", 128, True, 4096, 4, 16)
+    rows = [
+        BenchRow.from_config("flashcute-hopper", dense, 500.0),
+        BenchRow.from_config("flashcute-hopper", dataclasses.replace(dense, window=(1024, 0)),
+                             400.0, bwd_tflops=300.0),
+        BenchRow.from_config("flashcute-hopper", dataclasses.replace(dense, softcap=30.0),
+                             450.0),
+        BenchRow.from_config("flashcute-hopper",
+                             dataclasses.replace(dense, window=(-1, 64), softcap=50.0), 420.0),
+        BenchRow.from_config("sdpa-cudnn", dense, 480.0),
+    ]
+    doc = results_to_json(rows, device="d", torch_version="t", flashcute_version="v",
+                          dtype="bf16")
+    loaded = json.loads(json.dumps(doc))["rows"]
+    assert [r["feature"] for r in loaded] == ["dense", "window", "softcap", "window+softcap",
+                                              "dense"]
+    assert [r.get("window") for r in loaded] == [None, [1024, 0], None, [-1, 64], None]
+    assert [r.get("softcap") for r in loaded] == [None, None, 30.0, 50.0, None]
+    base = {"impl", "dtype", "hdim", "causal", "seqlen", "batch", "nheads", "seqlen_q",
+            "seqlen_k", "nheads_kv", "fwd_tflops", "feature"}
+    assert set(loaded[0]) == base  # dense rows: the same keys as before, plus the feature
+    assert set(loaded[1]) == base | {"window", "bwd_tflops"}
+
+
+def test_feature_skip_reason() -> None:
+    for impl in ("sdpa-cudnn", "sdpa-flash", "fa3"):
+        assert feature_skip_reason(impl) is None
+        reason = feature_skip_reason(impl, (4096, 0), 0.0)
+        assert reason is not None and impl in reason and "window=4096,0" in reason
+        assert "dense" in reason
+        reason = feature_skip_reason(impl, NO_WINDOW, 30.0)
+        assert reason is not None and "softcap=30" in reason
+    for impl in ("flashcute-ampere", "flashcute-hopper"):
+        assert feature_skip_reason(impl, (4096, 0), 30.0) is None
+
+
+def test_forward_fn_passes_window_and_softcap(monkeypatch) -> None:
+    torch = pytest.importorskip("torch")
+    from flashcute.bench import impls
+
+    calls: list[dict] = []
+    fake = types.SimpleNamespace(attention=lambda q, k, v, **kw: calls.append(kw) or q)
+    monkeypatch.setattr(impls, "_import_flashcute", lambda: fake)
+    q = k = v = torch.zeros(1, 4, 2, 8)
+    impls.make_forward_fn("flashcute-hopper", q, k, v, True)()
+    impls.make_forward_fn("flashcute-ampere", q, k, v, False, window=(16, 0))()
+    impls.make_forward_fn("flashcute-hopper", q, k, v, True, softcap=30.0)()
+    impls.make_forward_fn("flashcute-hopper", q, k, v, True, window=[8, 8], softcap=5.0)()
+    assert calls == [
+        {"causal": True, "backend": "hopper"},  # dense: the call of a dense benchmark
+        {"causal": False, "backend": "ampere", "window": (16, 0)},
+        {"causal": True, "backend": "hopper", "softcap": 30.0},
+        {"causal": True, "backend": "hopper", "window": (8, 8), "softcap": 5.0},
+    ]
+    for impl in ("sdpa-cudnn", "fa3"):
+        with pytest.raises(ValueError, match="not timed with"):
+            impls.make_forward_fn(impl, q, k, v, True, window=(16, 0))
+
+
+def test_run_loop_times_features_on_flashcute_only(monkeypatch) -> None:
+    seen: list[tuple] = []
+
+    def reference(q, k, v, causal, *, window=NO_WINDOW, softcap=0.0):
+        seen.append((causal, tuple(window), softcap))
+        return q
+
+    base = build_shapes([Shape(1, 64, 128, 8, 2, 128)], [True])
+    configs = with_feature(base, (32, 0), 30.0, with_dense=True)
+    rows, notes = _run_fake_benchmark(
+        monkeypatch, "", ["flashcute-hopper", "sdpa-cudnn", "fa3"], reference=reference,
+        configs=configs)
+    assert [(r.impl, r.feature) for r in rows] == [
+        ("flashcute-hopper", "dense"), ("sdpa-cudnn", "dense"), ("fa3", "dense"),
+        ("flashcute-hopper", "window+softcap")]
+    assert rows[-1].window == (32, 0) and rows[-1].softcap == 30.0
+    # --check compared each problem against its own reference.
+    assert seen == [(True, NO_WINDOW, 0.0), (True, (32, 0), 30.0)]
+    assert any(n.startswith("sdpa-cudnn not timed with window=32,0+softcap=30") for n in notes)
+    assert any(n.startswith("fa3 not timed with") for n in notes)
+
+
+def test_format_table_features_and_dense_ratio() -> None:
+    dense = BenchConfig("bf16", 128, True, 16384, 1, 16)
+    window = dataclasses.replace(dense, window=(4096, 0))
+    rows = [BenchRow.from_config("flashcute-hopper", dense, 500.0, bwd_tflops=400.0),
+            BenchRow.from_config("sdpa-cudnn", dense, 400.0, bwd_tflops=320.0),
+            BenchRow.from_config("flashcute-hopper", window, 450.0, bwd_tflops=300.0)]
+    header, _, first, second = format_table(rows, ["flashcute-hopper", "sdpa-cudnn"]
+                                            ).splitlines()
+    assert header.split() == [
+        "dtype", "hdim", "causal", "seqlen", "batch", "nheads", "feature", "flashcute-hopper",
+        "sdpa-cudnn", "hopper/cudnn", "hopper/dense", "flashcute-hopper", "bwd", "sdpa-cudnn",
+        "bwd", "hopper/cudnn", "bwd", "hopper/dense", "bwd"]
+    assert first.split() == ["bf16", "128", "yes", "16384", "1", "16", "dense", "500.0",
+                             "400.0", "1.25x", "-", "400.0", "320.0", "1.25x", "-"]
+    assert second.split() == ["bf16", "128", "yes", "16384", "1", "16", "window=4096,0",
+                              "450.0", "-", "-", "0.90x", "300.0", "-", "-", "0.75x"]
+    # A feature alone: the column, but no ratio to a dense line that is not there.
+    header = format_table(rows[2:], ["flashcute-hopper"]).splitlines()[0]
+    assert "feature" in header and "dense" not in header
+    # Dense rows alone: the table of before.
+    assert "feature" not in format_table(rows[:2]).splitlines()[0]
+
+
+def test_plot_with_features(tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    rows = _fake_rows()
+    rows.append(BenchRow.from_config(
+        "flashcute-ampere", BenchConfig("bf16", 128, True, 2048, 8, 16, softcap=30.0), 120.0))
+    path = tmp_path / "p.png"
+    plot_results(rows, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(7, 13), (13, 7), (9, 9)])
+def test_feature_reference_slices_like_the_whole(seqlen_q: int, seqlen_k: int) -> None:
+    # --check's window/softcap reference, forced to run one (batch, head) slice at a time.
+    torch = pytest.importorskip("torch")
+    import flashcute.reference
+    from flashcute.bench.timing import feature_reference, reference_output
+
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(3, seqlen_q, 6, 16, generator=gen)
+    k = torch.randn(3, seqlen_k, 2, 16, generator=gen)
+    v = torch.randn(3, seqlen_k, 2, 16, generator=gen)
+    for causal, window, softcap in ((True, (3, 0), 0.0), (False, (2, 1), 5.0),
+                                    (False, NO_WINDOW, 2.0), (True, (40, 40), 1.0)):
+        expected = flashcute.reference.attention(q, k, v, causal=causal, window=window,
+                                                 softcap=softcap).float()
+        for chunk_bytes in (1, 4 * seqlen_q * seqlen_k * 2, 1 << 30):
+            got = feature_reference(q, k, v, causal, window=window, softcap=softcap,
+                                    chunk_bytes=chunk_bytes)
+            assert got.dtype == torch.float32
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+        got = reference_output(q, k, v, causal, window=window, softcap=softcap)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def _fake_main_run(monkeypatch, argv: list[str]) -> tuple[int, list, dict]:
+    """main() on CPU: a fake CUDA torch, flashcute and FlashAttention-3; timing stubbed."""
+    from flashcute.bench import cli, impls, timing
+
+    cuda = types.SimpleNamespace(current_device=lambda: 0,
+                                 get_device_name=lambda index: "Fake GPU",
+                                 get_device_capability=lambda index: (9, 0))
+    fake_torch = types.SimpleNamespace(cuda=cuda, __version__="2.13.0")
+    monkeypatch.setattr(timing, "require_cuda", lambda: fake_torch)
+    monkeypatch.setattr(impls, "load_flashcute", lambda: (None, BUILD_INFO, None))
+    monkeypatch.setattr(impls, "has_cudnn_sdpa", lambda: True)
+    monkeypatch.setitem(sys.modules, "flash_attn_interface", _fake_fa3_module())
+    seen: dict = {}
+
+    def fake_run(configs, chosen, **kwargs):
+        seen["configs"], seen["impls"] = list(configs), list(chosen)
+        return [BenchRow.from_config(impl, cfg, 100.0) for cfg in configs for impl in chosen
+                if feature_skip_reason(impl, cfg.window, cfg.softcap) is None]
+
+    monkeypatch.setattr(cli.timing, "run_benchmark", fake_run)
+    return main(argv + ["--no-progress"]), seen["configs"], seen
+
+
+def test_main_with_window_times_flashcute_only(monkeypatch, tmp_path, capsys) -> None:
+    path = tmp_path / "w.json"
+    code, configs, seen = _fake_main_run(monkeypatch, [
+        "--shape", "1,16384,16384,16,16,128", "--causal", "yes", "--window", "4096,0",
+        "--json", str(path)])
+    assert code == 0
+    assert seen["impls"] == ["flashcute-ampere", "flashcute-hopper"]
+    assert [(c.window, c.softcap, c.causal) for c in configs] == [((4096, 0), 0.0, True)]
+    out, err = capsys.readouterr()
+    assert "feature: window=4096,0" in out
+    assert "note: sdpa-cudnn not timed with window=4096,0" in err
+    rows = json.loads(path.read_text())["rows"]
+    assert {(r["feature"], tuple(r["window"])) for r in rows} == {("window", (4096, 0))}
+
+
+def test_main_with_dense_keeps_the_baselines(monkeypatch, tmp_path, capsys) -> None:
+    path = tmp_path / "s.json"
+    code, configs, seen = _fake_main_run(monkeypatch, [
+        "--hdims", "64", "--seqlens", "4096", "--causal", "no", "--softcap", "30",
+        "--with-dense", "--json", str(path)])
+    assert code == 0
+    assert seen["impls"] == list(IMPLS)
+    assert [c.feature for c in configs] == ["dense", "softcap"]
+    out = capsys.readouterr().out
+    assert "ampere/dense" in out and "hopper/dense" in out
+    rows = json.loads(path.read_text())["rows"]
+    assert [(r["impl"], r["feature"]) for r in rows] == [
+        *((impl, "dense") for impl in IMPLS),
+        ("flashcute-ampere", "softcap"), ("flashcute-hopper", "softcap")]
+
+
+def test_main_with_window_and_only_baselines_fails(monkeypatch, capsys) -> None:
+    from flashcute.bench import impls, timing
+
+    cuda = types.SimpleNamespace(current_device=lambda: 0, get_device_name=lambda i: "Fake",
+                                 get_device_capability=lambda i: (9, 0))
+    monkeypatch.setattr(timing, "require_cuda",
+                        lambda: types.SimpleNamespace(cuda=cuda, __version__="x"))
+    monkeypatch.setattr(impls, "has_cudnn_sdpa", lambda: True)
+    assert main(["--impls", "sdpa-cudnn", "--softcap", "30", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "no implementation left" in err and "sdpa-cudnn not timed with softcap=30" in err

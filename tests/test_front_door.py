@@ -52,6 +52,23 @@ def test_compile_as_first_call_reports_the_device_error(backend, fullgraph, with
     assert f"RAISED ValueError {DEVICE_ERROR}" in result.stdout, result.stdout + result.stderr
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compile_with_window_and_softcap_as_first_call_reports_the_device_error(backend):
+    """A compiled training step with a window and softcap, first thing in a process, traces
+    the front door's checks and both custom ops' fakes and fails only on the device."""
+    result = _fresh_process(f"""
+        import torch, flashcute
+        q = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16, requires_grad=True)
+        def fn(q, k, v):
+            return flashcute.attention(q, k, v, causal=True, window=(3, 0), softcap=20.0).sum()
+        try:
+            torch.compile(fn, fullgraph=True, backend={backend!r})(q, q, q).backward()
+        except Exception as exc:
+            print("RAISED", type(exc).__name__, str(exc).splitlines()[0])
+    """)
+    assert f"RAISED ValueError {DEVICE_ERROR}" in result.stdout, result.stdout + result.stderr
+
+
 def _error(fn):
     try:
         fn()

@@ -193,6 +193,27 @@ def test_empty_sizes_pass_shape_checks():
         raises(ValueError, r"^q: expected a CUDA tensor", *qkv(**sizes))
 
 
+def test_window_and_softcap_are_checked_before_the_tensors():
+    q, k, v = qkv(dtype=torch.float32)  # a dtype error, reported after them
+    raises(ValueError, r"^window: each side must be -1 \(unbounded\) or >= 0, got \(-2, 0\)",
+           q, k, v, window=(-2, 0))
+    raises(TypeError, r"^window: expected a pair \(left, right\) of ints", q, k, v,
+           window=(1.5, 0))
+    raises(ValueError, r"^softcap: expected a finite float >= 0", q, k, v, softcap=-3.0)
+    raises(TypeError, r"^softcap: expected a float, got bool", q, k, v, softcap=True)
+
+
+def test_softcap_against_the_scale_is_checked_before_the_device():
+    q, k, v = qkv()
+    raises(ValueError, r"^softcap: 1e\+20 does not work with softmax_scale 1e-30", q, k, v,
+           softcap=1e20, softmax_scale=1e-30)
+    raises(ValueError, r"^softcap: 1e-50 does not work with softmax_scale 0.125", q, k, v,
+           softcap=1e-50)  # the default scale of head dim 64
+    for good in (dict(softcap=50.0), dict(softcap=1e-30, softmax_scale=1e-30),
+                 dict(window=(3, 0), causal=True), dict(window=(0, 0), softcap=0.0)):
+        raises(ValueError, r"^q: expected a CUDA tensor", q, k, v, **good)
+
+
 # ---------------------------------------------------------------------------------------
 # attention_backward
 
@@ -250,6 +271,16 @@ def test_backward_scalars():
                softmax_scale=-1.0)
     bwd_raises(ValueError, r"^backend: expected None, 'ampere' or 'hopper'", *bwd_args(),
                backend="cuda")
+
+
+def test_backward_window_and_softcap():
+    bwd_raises(ValueError, r"^window: ", *bwd_args(), window=(0, -2))
+    bwd_raises(TypeError, r"^window: ", *bwd_args(), window=(0, True))
+    bwd_raises(ValueError, r"^softcap: ", *bwd_args(), softcap=float("nan"))
+    bwd_raises(ValueError, r"^softcap: .*softmax_scale", *bwd_args(), softcap=2.0**127,
+               softmax_scale=1.0)
+    bwd_raises(ValueError, r"^q: expected a CUDA tensor", *bwd_args(), window=(4, 0),
+               softcap=30.0)
 
 
 def test_backward_needs_allocating_framework():

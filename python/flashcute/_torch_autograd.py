@@ -27,14 +27,17 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
         ctx: Any, q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: Optional[float],
-        backend: Optional[str], deterministic: bool,
+        backend: Optional[str], deterministic: bool, window: tuple[int, int], softcap: float,
     ) -> tuple[Tensor, Tensor]:
         out, lse = _torch_direct.attention(
-            q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True, backend=backend
+            q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True, backend=backend,
+            window=window, softcap=softcap,
         )
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal = causal
         ctx.softmax_scale = softmax_scale
+        ctx.window = window
+        ctx.softcap = softcap
         ctx.deterministic = deterministic
         # As the custom ops' formula: a forward forced onto "hopper" differentiates with the
         # default choice of backward.
@@ -50,16 +53,20 @@ class _Attention(torch.autograd.Function):
             kernel_layout(dout), q, k, v, out, lse, causal=ctx.causal,
             softmax_scale=ctx.softmax_scale,
             deterministic=ctx.deterministic or torch.are_deterministic_algorithms_enabled(),
-            backend=ctx.backend,
+            backend=ctx.backend, window=ctx.window, softcap=ctx.softcap,
         )
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def attention(
     q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: Optional[float],
-    backend: Optional[str], deterministic: bool = False,
+    backend: Optional[str], deterministic: bool = False, window: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
     """(out, lse) of a differentiable call; lse is not differentiable. ``deterministic`` makes
-    its backward bitwise reproducible (as ``torch.use_deterministic_algorithms`` does)."""
-    out, lse = _Attention.apply(q, k, v, causal, softmax_scale, backend, deterministic)
+    its backward bitwise reproducible (as ``torch.use_deterministic_algorithms`` does); the
+    backward takes the forward's window and softcap."""
+    out, lse = _Attention.apply(
+        q, k, v, causal, softmax_scale, backend, deterministic, window, softcap
+    )
     return out, lse

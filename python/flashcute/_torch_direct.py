@@ -67,18 +67,22 @@ def _stream(device: int) -> int:
 
 def _signature(
     q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor], causal: bool,
-    softmax_scale: Optional[float], backend: Optional[str],
+    softmax_scale: Optional[float], backend: Optional[str], window: tuple[int, int],
+    softcap: float,
 ) -> tuple[Any, ...]:
-    return ("forward", _layout(q), _layout(k), _layout(v), _layout(out), causal, softmax_scale, backend)
+    return ("forward", _layout(q), _layout(k), _layout(v), _layout(out), causal, softmax_scale,
+            backend, window, softcap)
 
 
 def _plan(
     q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor], causal: bool,
-    softmax_scale: Optional[float], backend: Optional[str],
+    softmax_scale: Optional[float], backend: Optional[str], window: tuple[int, int],
+    softcap: float,
 ) -> _Plan:
     ext = load_extension()  # a missing extension is reported before any argument
     problem = validate_forward(
-        q, k, v, out, causal=causal, softmax_scale=softmax_scale, backend=backend
+        q, k, v, out, causal=causal, softmax_scale=softmax_scale, backend=backend,
+        window=window, softcap=softcap,
     )
     capability = int(ext.device_capability(problem.device_id))
     code = choose_backend(backend, capability, headdim=problem.headdim, dtype=problem.dtype)
@@ -96,13 +100,15 @@ def _capsule(x: Tensor) -> Any:
 def attention(
     q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: Optional[float],
     return_lse: bool, backend: Optional[str], out: Optional[Tensor] = None,
+    window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
 ) -> Any:
     """The output (``out`` when given; and lse) of a call nothing watches; scalar arguments
-    already type-checked. Raises what ``attention_dlpack`` raises for the same arguments."""
-    key = _signature(q, k, v, out, causal, softmax_scale, backend)
+    already type-checked (``window`` as ``kernel_window`` returns it). Raises what
+    ``attention_dlpack`` raises for the same arguments."""
+    key = _signature(q, k, v, out, causal, softmax_scale, backend, window, softcap)
     plan = _plans.get(key)
     if plan is None:
-        plan = _plan(q, k, v, out, causal, softmax_scale, backend)
+        plan = _plan(q, k, v, out, causal, softmax_scale, backend, window, softcap)
         _keep(key, plan)
     problem = plan.problem
     if out is None:
@@ -117,6 +123,7 @@ def attention(
             to_dlpack(lse) if lse is not None else None, problem.scale, causal,
             plan.backend_code, _stream(problem.device_id),
             to_dlpack(workspace) if workspace is not None else None,
+            problem.window_left, problem.window_right, problem.softcap,
         )
     return (out, lse) if return_lse else out
 
@@ -124,12 +131,13 @@ def attention(
 def _backward_plan(
     tensors: tuple[Tensor, ...], grads: tuple[Optional[Tensor], ...], causal: bool,
     softmax_scale: Optional[float], deterministic: bool, backend: Optional[str],
+    window: tuple[int, int], softcap: float,
 ) -> _Plan:
     ext = load_extension()
     dq, dk, dv = grads
     problem = validate_backward(
         *tensors, dq=dq, dk=dk, dv=dv, causal=causal, softmax_scale=softmax_scale,
-        deterministic=deterministic, backend=backend,
+        deterministic=deterministic, backend=backend, window=window, softcap=softcap,
     )
     capability = int(ext.device_capability(problem.device_id))
     code = choose_backward_backend(
@@ -139,6 +147,7 @@ def _backward_plan(
     workspace_bytes = int(ext.backward_workspace_size(
         problem.batch, problem.seqlen_q, problem.seqlen_k, problem.nheads, problem.nheads_kv,
         problem.headdim, problem.dtype, deterministic, code, causal,
+        problem.window_left, problem.window_right,
     ))
     return _Plan(problem, code, workspace_bytes)
 
@@ -147,6 +156,7 @@ def attention_backward(
     dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, *, causal: bool,
     softmax_scale: Optional[float], deterministic: bool, backend: Optional[str],
     dq: Optional[Tensor] = None, dk: Optional[Tensor] = None, dv: Optional[Tensor] = None,
+    window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of a backward call nothing watches: the given buffers or new tensors.
     Raises what ``flashcute.backward.attention_backward`` raises for the same arguments."""
@@ -154,11 +164,13 @@ def attention_backward(
     grads = (dq, dk, dv)
     key = (
         "backward", *(_layout(x) for x in tensors), *(_layout(g) for g in grads),
-        causal, softmax_scale, deterministic, backend,
+        causal, softmax_scale, deterministic, backend, window, softcap,
     )
     plan = _plans.get(key)
     if plan is None:
-        plan = _backward_plan(tensors, grads, causal, softmax_scale, deterministic, backend)
+        plan = _backward_plan(
+            tensors, grads, causal, softmax_scale, deterministic, backend, window, softcap
+        )
         _keep(key, plan)
     problem = plan.problem
     kv_shape = (problem.batch, problem.seqlen_k, problem.nheads_kv, problem.headdim)
@@ -169,5 +181,6 @@ def attention_backward(
     load_extension().backward(
         *(_capsule(x) for x in (*tensors, dq, dk, dv)), to_dlpack(workspace),
         problem.scale, causal, deterministic, plan.backend_code, _stream(problem.device_id),
+        problem.window_left, problem.window_right, problem.softcap,
     )
     return dq, dk, dv

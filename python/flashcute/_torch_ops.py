@@ -31,19 +31,28 @@ from ._validate_backward import backward_problem
 
 
 def _fake_forward_problem(
-    q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor], causal: bool, softmax_scale: float,
-    backend: Optional[str],
+    q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor], causal: bool,
+    backend: Optional[str], softmax_scale: float, window: tuple[int, int], softcap: float,
 ) -> ForwardProblem:
     """The real forward's checks, run by the fake implementation so that ``torch.compile``
-    reports a bad dtype, shape or head dim while tracing. Inputs off CUDA (meta tensors,
-    whose op this fake is, or CPU tensors) skip the device checks and the dispatch; a real
-    call on CPU tensors still raises the device error when it runs."""
+    reports a bad dtype, shape, head dim, window or softcap while tracing. Inputs off CUDA
+    (meta tensors, whose op this fake is, or CPU tensors) skip the device checks and the
+    dispatch; a real call on CPU tensors still raises the device error when it runs."""
     problem, infos = forward_problem(
-        q, k, v, out, causal=causal, softmax_scale=softmax_scale, backend=backend
+        q, k, v, out, causal=causal, softmax_scale=softmax_scale, backend=backend,
+        window=window, softcap=softcap,
     )
     _fake_device_checks(q, infos, lambda capability: choose_backend(
         backend, capability, headdim=problem.headdim, dtype=problem.dtype))
     return problem
+
+
+def _concrete(softmax_scale: float, window_left: int, window_right: int,
+              softcap: float) -> tuple[float, tuple[int, int], float]:
+    """The scalar arguments as Python numbers. torch.compile hands the fakes symbolic ones
+    for a value that changed between calls; reading them specializes the graph to the
+    values, which the checks need."""
+    return float(softmax_scale), (int(window_left), int(window_right)), float(softcap)
 
 
 def _fake_device_checks(q: Tensor, infos: list[Any], choose: Callable[[int], Any]) -> None:
@@ -57,64 +66,77 @@ def _fake_device_checks(q: Tensor, infos: list[Any], choose: Callable[[int], Any
 @torch.library.custom_op("flashcute::attention_forward", mutates_args=())
 def attention_forward(
     q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float, backend: Optional[str],
-    deterministic: bool = False,
+    deterministic: bool = False, window_left: int = -1, window_right: int = -1,
+    softcap: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
     """(out, lse) of flashcute's forward; out is contiguous (batch, seqlen_q, nheads, headdim).
-    ``deterministic`` asks the autograd formula for a bitwise reproducible backward."""
+    ``deterministic`` asks the autograd formula for a bitwise reproducible backward; the
+    window sides and softcap are ``flashcute.attention``'s ``window`` and ``softcap``."""
     return _torch_direct.attention(
-        q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True, backend=backend
+        q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True, backend=backend,
+        window=(window_left, window_right), softcap=softcap,
     )
 
 
 @attention_forward.register_fake
 def _(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float,
-      backend: Optional[str], deterministic: bool = False) -> tuple[Tensor, Tensor]:
-    problem = _fake_forward_problem(q, k, v, None, causal, softmax_scale, backend)
+      backend: Optional[str], deterministic: bool = False, window_left: int = -1,
+      window_right: int = -1, softcap: float = 0.0) -> tuple[Tensor, Tensor]:
+    problem = _fake_forward_problem(
+        q, k, v, None, causal, backend, *_concrete(softmax_scale, window_left, window_right, softcap)
+    )
     return q.new_empty(problem.out_shape), q.new_empty(problem.lse_shape, dtype=torch.float32)
 
 
 @torch.library.custom_op("flashcute::attention_forward_out", mutates_args=("out",))
 def attention_forward_out(
     q: Tensor, k: Tensor, v: Tensor, out: Tensor, causal: bool, softmax_scale: float,
-    backend: Optional[str],
+    backend: Optional[str], window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
 ) -> Tensor:
     """Writes the forward's output into ``out`` and returns lse: calls with ``out=`` that a
     compiler or another transform watches (not differentiable)."""
     _, lse = _torch_direct.attention(
         q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True, backend=backend,
-        out=out,
+        out=out, window=(window_left, window_right), softcap=softcap,
     )
     return lse
 
 
 @attention_forward_out.register_fake
 def _(q: Tensor, k: Tensor, v: Tensor, out: Tensor, causal: bool, softmax_scale: float,
-      backend: Optional[str]) -> Tensor:
-    problem = _fake_forward_problem(q, k, v, out, causal, softmax_scale, backend)
+      backend: Optional[str], window_left: int = -1, window_right: int = -1,
+      softcap: float = 0.0) -> Tensor:
+    problem = _fake_forward_problem(
+        q, k, v, out, causal, backend, *_concrete(softmax_scale, window_left, window_right, softcap)
+    )
     return q.new_empty(problem.lse_shape, dtype=torch.float32)
 
 
 @torch.library.custom_op("flashcute::attention_backward", mutates_args=())
 def attention_backward(
     dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool,
-    softmax_scale: float, deterministic: bool, backend: Optional[str],
+    softmax_scale: float, deterministic: bool, backend: Optional[str], window_left: int = -1,
+    window_right: int = -1, softcap: float = 0.0,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of flashcute's backward, each contiguous."""
     return _torch_direct.attention_backward(
         kernel_layout(dout), q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
-        deterministic=deterministic, backend=backend,
+        deterministic=deterministic, backend=backend, window=(window_left, window_right),
+        softcap=softcap,
     )
 
 
 @attention_backward.register_fake
 def _(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool,
-      softmax_scale: float, deterministic: bool,
-      backend: Optional[str]) -> tuple[Tensor, Tensor, Tensor]:
+      softmax_scale: float, deterministic: bool, backend: Optional[str], window_left: int = -1,
+      window_right: int = -1, softcap: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
     # As the forward's fake: the real call's checks, on a dout of the layout the real call
     # hands the kernel (kernel_layout copies autograd's expanded or oddly strided gradients).
+    softmax_scale, window, softcap = _concrete(softmax_scale, window_left, window_right, softcap)
     problem, infos = backward_problem(
         dout.new_empty(dout.shape), q, k, v, out, lse, causal=causal,
         softmax_scale=softmax_scale, deterministic=deterministic, backend=backend,
+        window=window, softcap=softcap,
     )
     _fake_device_checks(q, infos, lambda capability: choose_backward_backend(
         backend, capability, headdim=problem.headdim, dtype=problem.dtype,
@@ -124,11 +146,13 @@ def _(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, c
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
-    q, k, v, causal, softmax_scale, backend, deterministic = inputs
+    q, k, v, causal, softmax_scale, backend, deterministic, left, right, softcap = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.causal = causal
     ctx.softmax_scale = softmax_scale
+    ctx.window = (left, right)
+    ctx.softcap = softcap
     ctx.deterministic = deterministic
     # A forward forced onto "hopper" differentiates with the default choice: the Hopper
     # backward where this build has it for the head dim (and deterministic is off), else the
@@ -142,8 +166,9 @@ def _backward(ctx: Any, dout: Tensor, _dlse: Optional[Tensor]) -> tuple[Any, ...
     dq, dk, dv = attention_backward(
         dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale,
         ctx.deterministic or torch.are_deterministic_algorithms_enabled(), ctx.backend,
+        *ctx.window, ctx.softcap,
     )
-    return dq, dk, dv, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -182,31 +207,36 @@ def route(*tensors: Tensor) -> str:
 def attention(
     q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: Optional[float],
     return_lse: bool, backend: Optional[str], out: Optional[Tensor] = None,
-    deterministic: bool = False,
+    deterministic: bool = False, window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
 ) -> Any:
-    """The front door's torch route (arguments already type-checked). Calls with ``out`` are
-    not differentiable (the front door refused inputs that require grad); where something
-    watches one, it goes through the mutating custom op ``flashcute::attention_forward_out``."""
+    """The front door's torch route (arguments already type-checked; ``window`` as
+    ``kernel_window`` returns it). Calls with ``out`` are not differentiable (the front door
+    refused inputs that require grad); where something watches one, it goes through the
+    mutating custom op ``flashcute::attention_forward_out``."""
+    left, right = window
     if out is not None:
         if route(q, k, v, out) != "direct":
-            lse = attention_forward_out(q, k, v, out, causal, _scale(q, softmax_scale), backend)
+            lse = attention_forward_out(
+                q, k, v, out, causal, _scale(q, softmax_scale), backend, left, right, softcap
+            )
             return (out, lse) if return_lse else out
     elif q.dim() == 4:
         how = route(q, k, v)
         if how == "custom_op":
             result, lse = attention_forward(
-                q, k, v, causal, _scale(q, softmax_scale), backend, deterministic
+                q, k, v, causal, _scale(q, softmax_scale), backend, deterministic, left, right,
+                softcap,
             )
             return (result, lse) if return_lse else result
         if how == "autograd":
             result, lse = _torch_autograd.attention(
                 q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend,
-                deterministic=deterministic,
+                deterministic=deterministic, window=window, softcap=softcap,
             )
             return (result, lse) if return_lse else result
     return _torch_direct.attention(
         q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
-        backend=backend, out=out,
+        backend=backend, out=out, window=window, softcap=softcap,
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import struct
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -22,6 +23,9 @@ _FLOAT32_MIN_NORMAL = 1.1754943508222875e-38
 #: The range of softmax_scale: a normal float32 whose product with log2(e) is finite.
 SOFTMAX_SCALE_MIN = _FLOAT32_MIN_NORMAL
 SOFTMAX_SCALE_MAX = _FLOAT32_MAX / 1.4426950408889634 * (1 - 2.0**-20)
+#: A window side at least this long bounds nothing: the kernels take sequence lengths that
+#: fit in 32 bits. Longer sides are clipped to it, so that they fit the extension's integers.
+WINDOW_SIDE_MAX = 2**31 - 1
 
 # DLPack device types (DLDeviceType).
 _KDLCUDA = 2
@@ -59,6 +63,10 @@ class ForwardProblem:
     dtype: str
     device_id: int
     scale: float
+    #: The window as the kernels take it (sides clipped to WINDOW_SIDE_MAX; -1: unbounded).
+    window_left: int = -1
+    window_right: int = -1
+    softcap: float = 0.0  # 0: off
 
     @property
     def out_shape(self) -> tuple[int, int, int, int]:
@@ -115,12 +123,19 @@ def _inspect(name: str, x: Any) -> _Info:
     return _Info(name, int(device_type), int(device_id), str(dtype), tuple(shape), tuple(strides))
 
 
-def check_scalars(causal: Any, softmax_scale: Any, backend: Any) -> None:
-    """Type and range checks of the forward's scalar arguments (no tensors touched)."""
+def check_scalars(
+    causal: Any, softmax_scale: Any, backend: Any, window: Any = (-1, -1), softcap: Any = 0.0
+) -> None:
+    """Type and range checks of the forward's scalar arguments (no tensors touched).
+
+    ``softcap`` is checked on its own here; against the scale (``check_softcap_scale``) once
+    the default scale is known."""
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool, got {type_name(causal)}")
     if backend is not None and backend not in BACKEND_NAMES:
         raise ValueError(f"backend: expected None, 'ampere' or 'hopper', got {backend!r}")
+    check_window(window)
+    check_softcap(softcap)
     if softmax_scale is None:
         return
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
@@ -134,7 +149,7 @@ def check_scalars(causal: Any, softmax_scale: Any, backend: Any) -> None:
             f"softmax_scale: expected a finite positive float, got an integer of "
             f"{int(softmax_scale).bit_length()} bits"
         ) from None
-    if not math.isfinite(value) or value <= 0.0:
+    if not 0.0 < value < math.inf:  # NaN fails too; comparisons trace under torch.compile
         raise ValueError(f"softmax_scale: expected a finite positive float, got {value}")
     # The kernels take the scale as float32 and multiply it by log2(e): both must stay
     # normal, finite float32 numbers.
@@ -142,6 +157,79 @@ def check_scalars(causal: Any, softmax_scale: Any, backend: Any) -> None:
         raise ValueError(
             f"softmax_scale: expected a finite positive float in float32 range "
             f"[{SOFTMAX_SCALE_MIN:.4g}, {SOFTMAX_SCALE_MAX:.4g}], got {value:g}"
+        )
+
+
+def check_window(window: Any) -> tuple[int, int]:
+    """``window=(left, right)`` as two ints, each -1 (unbounded) or >= 0; TypeError or
+    ValueError naming ``window`` otherwise (bools and floats are refused)."""
+    try:
+        left, right = window
+    except (TypeError, ValueError):
+        raise TypeError(f"window: expected a pair (left, right) of ints, got {window!r}") from None
+    for side in (left, right):
+        # type() first: isinstance against the numbers ABCs costs a few hundred ns per call.
+        if type(side) is not int and (
+            isinstance(side, bool) or not isinstance(side, numbers.Integral)
+        ):
+            raise TypeError(f"window: expected a pair (left, right) of ints, got {window!r}")
+        if side < -1:
+            raise ValueError(f"window: each side must be -1 (unbounded) or >= 0, got {window!r}")
+    return int(left), int(right)
+
+
+def kernel_window(window: Any) -> tuple[int, int]:
+    """``check_window``, with sides clipped to ``WINDOW_SIDE_MAX`` (no sequence is that long,
+    so the window is the same): the values the kernels and the custom ops take."""
+    left, right = check_window(window)
+    return min(left, WINDOW_SIDE_MAX), min(right, WINDOW_SIDE_MAX)
+
+
+def check_softcap(softcap: Any) -> float:
+    """``softcap`` as a float: a finite real >= 0, 0 disabling it (bools are refused);
+    TypeError or ValueError naming ``softcap`` otherwise."""
+    if type(softcap) is not float and (
+        isinstance(softcap, bool) or not isinstance(softcap, numbers.Real)
+    ):
+        raise TypeError(f"softcap: expected a float, got {type_name(softcap)}")
+    try:
+        value = float(softcap)
+    except OverflowError:  # an int beyond float range
+        value = math.inf
+    # Comparisons rather than math.isfinite, which torch.compile cannot trace on a float it
+    # made symbolic; NaN fails both.
+    if not (0.0 <= value < math.inf):
+        raise ValueError(f"softcap: expected a finite float >= 0 (0 disables it), got {value}")
+    return value
+
+
+def _float32(x: float) -> float:
+    """``x`` rounded to float32 (infinite beyond its range). Rounding a float64 quotient of
+    two float32 numbers gives the float32 quotient, so this reproduces float32 division."""
+    try:
+        return struct.unpack("f", struct.pack("f", x))[0]
+    except OverflowError:
+        return math.copysign(math.inf, x)
+
+
+def check_softcap_scale(softcap: float, scale: float) -> None:
+    """ValueError naming ``softcap`` where a nonzero cap does not work with this scale.
+
+    The kernels take ``softcap / scale`` and ``scale / softcap`` as float32: the first must
+    be finite, the second a normal number (so the cap is within about 2^126 of the scale),
+    and the cap itself must not round to 0 in float32 (which would switch it off)."""
+    if softcap == 0.0:
+        return
+    cap, scale32 = _float32(softcap), _float32(scale)
+    if not (
+        0.0 < cap < math.inf
+        and math.isfinite(_float32(cap / scale32))
+        and _float32(scale32 / cap) >= _FLOAT32_MIN_NORMAL
+    ):
+        raise ValueError(
+            f"softcap: {softcap:g} does not work with softmax_scale {scale:g}: softcap / "
+            f"softmax_scale must be finite and softmax_scale / softcap at least "
+            f"{_FLOAT32_MIN_NORMAL:.8g} in float32"
         )
 
 
@@ -257,6 +345,8 @@ def validate_forward(
     causal: Any = False,
     softmax_scale: Any = None,
     backend: Any = None,
+    window: Any = (-1, -1),
+    softcap: Any = 0.0,
 ) -> ForwardProblem:
     """Check the arguments of an attention forward call and describe the problem.
 
@@ -267,31 +357,38 @@ def validate_forward(
         causal: bool.
         softmax_scale: finite positive float, or None for 1/sqrt(headdim).
         backend: None, "ampere" or "hopper" (only the name is checked here).
+        window: (left, right), ints >= -1 (-1: unbounded).
+        softcap: finite float >= 0 (0: off) that works with the scale in float32.
 
     Every tensor needs unit stride in the headdim dimension, positive strides elsewhere and
     must live on one CUDA device. Zero batch, sequence length or head count is valid.
 
     Returns:
-        The ForwardProblem, with ``scale`` resolved.
+        The ForwardProblem, with ``scale`` resolved and the window sides clipped to
+        ``WINDOW_SIDE_MAX``.
 
     Raises:
-        TypeError: a non-DLPack argument, wrong dtypes, a non-bool causal.
-        ValueError: wrong ranks, shapes, strides, devices, head dim, scale or backend name.
+        TypeError: a non-DLPack argument, wrong dtypes, a non-bool causal, a window or
+            softcap of the wrong type.
+        ValueError: wrong ranks, shapes, strides, devices, head dim, scale, window, softcap
+            or backend name.
         ImportError: the compiled extension is missing.
     """
     problem, infos = forward_problem(
-        q, k, v, out, causal=causal, softmax_scale=softmax_scale, backend=backend
+        q, k, v, out, causal=causal, softmax_scale=softmax_scale, backend=backend,
+        window=window, softcap=softcap,
     )
     _check_devices(infos[0], infos[1:])
     return problem
 
 
 def forward_problem(
-    q: Any, k: Any, v: Any, out: Any = None, *, causal: Any, softmax_scale: Any, backend: Any
+    q: Any, k: Any, v: Any, out: Any = None, *, causal: Any, softmax_scale: Any, backend: Any,
+    window: Any = (-1, -1), softcap: Any = 0.0,
 ) -> tuple[ForwardProblem, list[_Info]]:
     """``validate_forward`` without its last check (devices): the problem and the tensors'
     infos, q's first, for callers that add tensors of their own before checking devices."""
-    check_scalars(causal, softmax_scale, backend)
+    check_scalars(causal, softmax_scale, backend, window, softcap)
     tensors = {"q": q, "k": k, "v": v}
     if out is not None:
         tensors["out"] = out
@@ -307,6 +404,9 @@ def forward_problem(
     for info in infos.values():
         _check_strides(info)
     scale = 1.0 / math.sqrt(headdim) if softmax_scale is None else float(softmax_scale)
+    cap = check_softcap(softcap)
+    check_softcap_scale(cap, scale)
+    window_left, window_right = kernel_window(window)
     problem = ForwardProblem(
         batch=batch,
         seqlen_q=seqlen_q,
@@ -317,5 +417,8 @@ def forward_problem(
         dtype=qi.dtype,
         device_id=qi.device_id,
         scale=scale,
+        window_left=window_left,
+        window_right=window_right,
+        softcap=cap,
     )
     return problem, [qi, *others]

@@ -44,6 +44,8 @@ def backward_problem(
     softmax_scale: Any = None,
     deterministic: Any = False,
     backend: Any = None,
+    window: Any = (-1, -1),
+    softcap: Any = 0.0,
 ) -> tuple[ForwardProblem, list[_Info]]:
     """``validate_backward`` without its last check (devices): the problem and the tensors'
     infos, q's first, for the fake implementation of the backward custom op."""
@@ -51,7 +53,8 @@ def backward_problem(
     if out is None:
         raise TypeError("out: expected the forward's output, got None")
     problem, forward_infos = forward_problem(
-        q, k, v, out, causal=causal, softmax_scale=softmax_scale, backend=backend
+        q, k, v, out, causal=causal, softmax_scale=softmax_scale, backend=backend,
+        window=window, softcap=softcap,
     )
     infos = [_inspect("dout", dout)]
     for name, x in (("dq", dq), ("dk", dk), ("dv", dv)):
@@ -97,6 +100,8 @@ def validate_backward(
     softmax_scale: Any = None,
     deterministic: Any = False,
     backend: Any = None,
+    window: Any = (-1, -1),
+    softcap: Any = 0.0,
 ) -> ForwardProblem:
     """Check the arguments of an attention backward call and describe the problem.
 
@@ -106,13 +111,14 @@ def validate_backward(
 
     Raises:
         TypeError: a non-DLPack argument, wrong dtypes, a non-bool flag.
-        ValueError: wrong ranks, shapes, strides, devices, head dim, scale or backend name,
-            or backend="hopper" with deterministic=True.
+        ValueError: wrong ranks, shapes, strides, devices, head dim, scale, window, softcap
+            or backend name, or backend="hopper" with deterministic=True.
         ImportError: the compiled extension is missing.
     """
     problem, infos = backward_problem(
         dout, q, k, v, out, lse, dq=dq, dk=dk, dv=dv, causal=causal,
         softmax_scale=softmax_scale, deterministic=deterministic, backend=backend,
+        window=window, softcap=softcap,
     )
     _check_devices(infos[0], infos[1:])
     return problem

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from types import ModuleType
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from ._build_info import load_extension
 from ._dispatch import choose_backend
@@ -13,6 +13,8 @@ from ._validate import (
     ForwardProblem,
     check_deterministic,
     check_scalars,
+    check_softcap,
+    kernel_window,
     type_name,
     validate_forward,
 )
@@ -85,6 +87,8 @@ def attention(
     *,
     causal: bool = False,
     softmax_scale: Optional[float] = None,
+    window: Sequence[int] = (-1, -1),
+    softcap: float = 0.0,
     return_lse: bool = False,
     out: Any = None,
     backend: Optional[str] = None,
@@ -101,8 +105,18 @@ def attention(
             (bottom-right aligned). Query rows with no key to attend to give zeros and
             lse = -inf.
         softmax_scale: multiplies ``q @ k^T`` before the softmax; default 1/sqrt(headdim).
+        window: (left, right) local (sliding-window) attention: query ``i`` attends key
+            ``j`` only if ``i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q +
+            right``; -1 leaves a side unbounded, (-1, -1) (default) is no window. Each side
+            is an int >= -1. ``causal=True`` intersects the window with the causal mask (the
+            right side becomes 0). Rows without a visible key give zeros and lse = -inf.
+        softcap: when > 0, each scaled score ``s = softmax_scale * q . k`` becomes
+            ``softcap * tanh(s / softcap)`` before the mask and the softmax (as in Gemma-2
+            and FlashAttention); 0.0 (default) leaves scores as they are. A finite float >= 0;
+            ``softcap / softmax_scale`` must be finite and ``softmax_scale / softcap`` a
+            normal number in float32.
         return_lse: also return the float32 (batch, nheads, seqlen_q) natural-log
-            log-sum-exp of the scaled (and masked) scores.
+            log-sum-exp of the scaled (softcapped, masked) scores.
         out: optional (batch, seqlen_q, nheads, headdim) tensor of q's dtype to write into
             (not for jax arrays, which are immutable); it is returned.
         backend: None (choose by GPU), "ampere" or "hopper".
@@ -116,8 +130,8 @@ def attention(
     seqlen_k == 0 gives zeros and lse = -inf (every row has no key).
 
     Inputs may be torch tensors, cupy arrays or jax arrays; results are allocated by q's
-    framework on q's device. So is a transient fp32 workspace where the Hopper path spreads a
-    non-causal call's last wave of query tiles over all SMs (few tiles with long keys, or a
+    framework on q's device. So is a transient fp32 workspace where the Hopper path spreads
+    the last wave of query tiles of a call without causal or window mask over all SMs (few tiles with long keys, or a
     short last wave): up to 2 · SMs · tile rows · (headdim + 8) · 4 bytes, 28 MB at hd 128
     (192-row tiles) on 132 SMs. Other DLPack objects are accepted when ``out`` is given (they
     are then launched on the stream of out's framework, else the legacy default stream).
@@ -150,18 +164,21 @@ def attention(
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse: expected a bool, got {type_name(return_lse)}")
     check_deterministic(deterministic)
+    window = kernel_window(window)  # plain ints from here on: they key plans and custom ops
+    softcap = check_softcap(softcap)
     if _torch_tensors(q, k, v) and (out is None or _torch_tensors(out)):
         check_scalars(causal, softmax_scale, backend)
         if out is not None:
             _refuse_grad_with_out(q, k, v, out)
         return _torch_route().attention(
             q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
-            backend=backend, out=out, deterministic=deterministic,
+            backend=backend, out=out, deterministic=deterministic, window=window,
+            softcap=softcap,
         )
     _refuse_grad_with_out(q, k, v, out)
     return attention_dlpack(
         q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, out=out,
-        backend=backend,
+        backend=backend, window=window, softcap=softcap,
     )
 
 
@@ -175,13 +192,16 @@ def attention_dlpack(
     return_lse: bool = False,
     out: Any = None,
     backend: Optional[str] = None,
+    window: Sequence[int] = (-1, -1),
+    softcap: float = 0.0,
 ) -> Any:
     """``attention`` through DLPack, without autograd: the implementation under every route."""
     ext = load_extension()
     q_x, k_x, v_x = export(q), export(k), export(v)
     out_x = export(out) if out is not None else None
     problem = validate_forward(
-        q_x, k_x, v_x, out_x, causal=causal, softmax_scale=softmax_scale, backend=backend
+        q_x, k_x, v_x, out_x, causal=causal, softmax_scale=softmax_scale, backend=backend,
+        window=window, softcap=softcap,
     )
     out_adapter = framework_of(out) if out is not None else None
     if out_adapter is not None:
@@ -198,10 +218,12 @@ def attention_dlpack(
 
 
 def forward_workspace_bytes(ext: Any, problem: ForwardProblem, causal: bool, backend_code: int) -> int:
-    """Bytes of the optional forward workspace of a validated problem (0: none)."""
+    """Bytes of the optional forward workspace of a validated problem (0: none); it depends
+    on the mask (causal and window)."""
     return int(ext.forward_workspace_size(
         problem.batch, problem.seqlen_q, problem.seqlen_k, problem.nheads, problem.nheads_kv,
         problem.headdim, problem.dtype, causal, backend_code, problem.device_id,
+        problem.window_left, problem.window_right,
     ))
 
 
@@ -214,7 +236,8 @@ def _workspace(
     backend_code: int,
 ) -> Any:
     """The optional forward workspace, from the allocating framework; None when the call
-    needs none (the Hopper path uses it to split a non-causal call's last wave of tiles) or
+    needs none (the Hopper path uses it to split the last wave of tiles of a call
+    without causal or window mask) or
     nothing can allocate it (the call then runs unsplit, with the same results)."""
     if alloc is None:
         return None
@@ -247,6 +270,7 @@ def _launch(
     workspace = _workspace(ext, problem, alloc, like, causal, backend_code)
     q, k, v, out, lse = (launchable(x) for x in tensors)
     ext.forward(q, k, v, out, lse, problem.scale, causal, backend_code, stream,
-                launchable(workspace) if workspace is not None else None)
+                launchable(workspace) if workspace is not None else None,
+                problem.window_left, problem.window_right, problem.softcap)
     if sync:
         ext.synchronize(stream, problem.device_id)

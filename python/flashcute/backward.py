@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from ._build_info import load_extension
 from ._dispatch import choose_backward_backend
 from ._frameworks import export, framework_of, launchable
-from ._validate import check_scalars, type_name
+from ._validate import check_scalars, check_softcap, kernel_window, type_name
 from ._validate_backward import check_backward_flags, validate_backward
 from .attention import _torch_route, _torch_tensors
 
@@ -22,6 +22,8 @@ def attention_backward(
     *,
     causal: bool = False,
     softmax_scale: Optional[float] = None,
+    window: Sequence[int] = (-1, -1),
+    softcap: float = 0.0,
     dq: Any = None,
     dk: Any = None,
     dv: Any = None,
@@ -38,7 +40,8 @@ def attention_backward(
         q, k, v: the forward's inputs (same layout, dtype, GQA and stride rules).
         out, lse: the forward's output and its float32 (batch, nheads, seqlen_q) log-sum-exp
             (``flashcute.attention(..., return_lse=True)``).
-        causal, softmax_scale: as given to the forward (scale default 1/sqrt(headdim)).
+        causal, softmax_scale, window, softcap: as given to the forward (scale default
+            1/sqrt(headdim)); the backward recomputes the same softcapped, masked weights.
         dq, dk, dv: optional tensors to write the gradients into (q's, k's, v's shape and
             dtype); dk and dv have nheads_kv heads, each the sum over its query-head group.
         deterministic: ask for bitwise reproducible gradients. Both paths normally add dQ
@@ -51,9 +54,9 @@ def attention_backward(
     The workspace is allocated by q's framework: fp32 per-row sums (8 bytes per query row and
     head on the Hopper path, 4 on the Ampere path) plus, unless deterministic, an fp32 dQ
     accumulator covering a chunk of heads (and on the Hopper path one counter per (batch,
-    kv head) pair of the chunk, and without causal masking fp32 dK/dV sums for the key blocks
-    of the last wave that run split over several CTAs). The kernels run on q's current
-    stream, as in the forward.
+    kv head) pair of the chunk, and without causal or window mask fp32 dK/dV sums for the
+    key blocks of the last wave that run split over several CTAs). The kernels run on q's
+    current stream, as in the forward.
 
     Returns:
         ``(dq, dk, dv)``: the given buffers, or new arrays of q's framework.
@@ -63,6 +66,8 @@ def attention_backward(
         RuntimeError: no usable GPU, or a CUDA error.
         ImportError: the compiled extension is missing.
     """
+    window = kernel_window(window)  # plain ints from here on: they key the kept checks
+    softcap = check_softcap(softcap)
     if _torch_tensors(dout, q, k, v, out, lse) and all(
         g is None or _torch_tensors(g) for g in (dq, dk, dv)
     ):
@@ -76,10 +81,11 @@ def attention_backward(
             return direct(
                 dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
                 deterministic=deterministic, backend=backend, dq=dq, dk=dk, dv=dv,
+                window=window, softcap=softcap,
             )
     return attention_backward_dlpack(
         dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, dq=dq, dk=dk, dv=dv,
-        deterministic=deterministic, backend=backend,
+        deterministic=deterministic, backend=backend, window=window, softcap=softcap,
     )
 
 
@@ -98,6 +104,8 @@ def attention_backward_dlpack(
     dv: Any = None,
     deterministic: bool = False,
     backend: Optional[str] = None,
+    window: Sequence[int] = (-1, -1),
+    softcap: float = 0.0,
 ) -> tuple[Any, Any, Any]:
     """``attention_backward`` through DLPack, for every framework: the route of calls on
     torch tensors that something watches, and of all cupy and jax calls."""
@@ -111,7 +119,7 @@ def attention_backward_dlpack(
     exported = [export(x) for x in (dout, q, k, v, out, lse)]
     problem = validate_backward(
         *exported, dq=dq, dk=dk, dv=dv, causal=causal, softmax_scale=softmax_scale,
-        deterministic=deterministic, backend=backend,
+        deterministic=deterministic, backend=backend, window=window, softcap=softcap,
     )
     for x in (dq, dk, dv):
         adapter = framework_of(x) if x is not None else None
@@ -130,6 +138,7 @@ def attention_backward_dlpack(
     nbytes = int(ext.backward_workspace_size(
         problem.batch, problem.seqlen_q, problem.seqlen_k, problem.nheads, problem.nheads_kv,
         problem.headdim, problem.dtype, deterministic, backend_code, causal,
+        problem.window_left, problem.window_right,
     ))
     workspace = alloc.empty(q, (nbytes,), "uint8")
     if alloc.synchronize_after:
@@ -139,6 +148,7 @@ def attention_backward_dlpack(
     ext.backward(
         *[launchable(x) for x in (*exported, *[export(g) for g in grads], workspace)],
         problem.scale, causal, deterministic, backend_code, stream,
+        problem.window_left, problem.window_right, problem.softcap,
     )
     if alloc.synchronize_after:
         ext.synchronize(stream, problem.device_id)

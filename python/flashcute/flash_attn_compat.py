@@ -1,9 +1,10 @@
 """``flashcute.flash_attn_func``: FlashAttention-2's ``flash_attn_func`` on flashcute.
 
-FlashAttention's layout is flashcute's, (batch, seqlen, heads, headdim), and its causal mask
-is aligned bottom-right as flashcute's, so the call maps over directly. Arguments for
-features flashcute lacks are checked in ``_refuse_unsupported``, which keeps their default
-values working.
+FlashAttention's layout is flashcute's, (batch, seqlen, heads, headdim), and its causal mask,
+sliding window and softcap are flashcute's (bottom-right aligned), so the call maps over
+directly; only FlashAttention's reading of window bounds (``_window``) is translated.
+Arguments for features flashcute lacks are checked in ``_refuse_unsupported``, which keeps
+their default values working.
 """
 
 from __future__ import annotations
@@ -48,10 +49,12 @@ def flash_attn_func(
         dropout_p: must be 0.0.
         softmax_scale: default 1/sqrt(headdim).
         causal: bottom-right aligned causal mask, as FlashAttention (and flashcute).
-        window_size: (left, right); only values without a sliding window: both negative (or
-            at least seqlen_k, as FlashAttention treats them), or right 0 with left negative,
-            which is the causal mask.
-        softcap: must be 0.0. alibi_slopes: must be None.
+        window_size: (left, right) sliding window, as FlashAttention: query ``i`` attends key
+            ``j`` iff ``i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q +
+            right``; a negative bound, or one of at least seqlen_k, is no bound; ``causal``
+            sets the right bound to 0.
+        softcap: when > 0, scores ``s = softmax_scale * q . k`` become
+            ``softcap * tanh(s / softcap)`` before the softmax. alibi_slopes: must be None.
         deterministic: bitwise reproducible backward (torch autograd).
         return_attn_probs: also return the log-sum-exp, as FlashAttention-2 does; see Returns.
         qv, q_descale, k_descale, v_descale: FlashAttention-3 features; must be None.
@@ -75,16 +78,17 @@ def flash_attn_func(
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool, got {type_name(causal)}")
     _refuse_unsupported(
-        dropout_p=dropout_p, softcap=softcap, alibi_slopes=alibi_slopes, qv=qv,
-        q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-        attention_chunk=attention_chunk,
+        dropout_p=dropout_p, alibi_slopes=alibi_slopes, qv=qv, q_descale=q_descale,
+        k_descale=k_descale, v_descale=v_descale, attention_chunk=attention_chunk,
     )
     shape = getattr(k, "shape", None)  # anything else fails flashcute.attention's checks
     seqlen_k = int(shape[1]) if shape is not None and len(shape) == 4 else None
-    causal = _causal_from_window(window_size, causal, seqlen_k=seqlen_k)
+    window = _window(window_size, seqlen_k=seqlen_k)
     result = attention(
-        q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_attn_probs,
-        deterministic=deterministic,
+        # A right bound of 0 is the causal mask's; with causal=True the call takes exactly the
+        # causal path, (-1, 0) included.
+        q, k, v, causal=causal or window[1] == 0, softmax_scale=softmax_scale, window=window,
+        softcap=softcap, return_lse=return_attn_probs, deterministic=deterministic,
     )
     if return_attn_probs:
         out, lse = result
@@ -93,12 +97,11 @@ def flash_attn_func(
 
 
 def _refuse_unsupported(
-    *, dropout_p: Any, softcap: Any, alibi_slopes: Any, qv: Any, q_descale: Any,
-    k_descale: Any, v_descale: Any, attention_chunk: Any,
+    *, dropout_p: Any, alibi_slopes: Any, qv: Any, q_descale: Any, k_descale: Any,
+    v_descale: Any, attention_chunk: Any,
 ) -> None:
     """NotImplementedError naming the first argument that asks for a missing feature."""
-    for name, value in (("dropout_p", dropout_p), ("softcap", softcap),
-                        ("attention_chunk", attention_chunk)):
+    for name, value in (("dropout_p", dropout_p), ("attention_chunk", attention_chunk)):
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"{name}: expected a number, got {type_name(value)}")
         if value != 0:
@@ -111,33 +114,22 @@ def _refuse_unsupported(
             raise NotImplementedError(f"{name}: flashcute does not support {name} yet; pass None")
 
 
-def _causal_from_window(window_size: Any, causal: bool, *, seqlen_k: Optional[int]) -> bool:
-    """The causal flag equivalent to FlashAttention's (window_size, causal), where no sliding
-    window remains; NotImplementedError naming window_size otherwise.
-
-    FlashAttention reads a bound of at least seqlen_k as no bound, sets the right bound to 0
-    when causal, and takes (no left bound, right bound 0) for the causal mask."""
+def _window(window_size: Any, *, seqlen_k: Optional[int]) -> tuple[int, int]:
+    """flashcute's ``window`` for FlashAttention's ``window_size``: the same bounds, with
+    FlashAttention's unbounded values (any negative bound, or one of at least seqlen_k)
+    as -1. TypeError naming window_size for anything but a pair of ints."""
     try:
         left, right = window_size
     except (TypeError, ValueError):
         raise TypeError(
             f"window_size: expected a pair (left, right) of ints, got {window_size!r}"
         ) from None
+    bounds = []
     for bound in (left, right):
         if isinstance(bound, bool) or not isinstance(bound, numbers.Integral):
             raise TypeError(
                 f"window_size: expected a pair (left, right) of ints, got {window_size!r}"
             )
-    if seqlen_k is not None:
-        left = -1 if left >= seqlen_k else left
-        right = -1 if right >= seqlen_k else right
-    if causal:
-        right = 0
-    if left < 0 and right < 0:
-        return False
-    if left < 0 and right == 0:
-        return True
-    raise NotImplementedError(
-        f"window_size: flashcute has no sliding-window attention yet; got {tuple(window_size)} "
-        f"(with causal={causal}); pass (-1, -1)"
-    )
+        unbounded = bound < 0 or (seqlen_k is not None and bound >= seqlen_k)
+        bounds.append(-1 if unbounded else int(bound))
+    return bounds[0], bounds[1]

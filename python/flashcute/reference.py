@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any, Optional, Sequence, Union
 
 import torch
+
+# The front door's checks of these arguments, so that both refuse the same values.
+from ._validate import check_softcap as _check_softcap
+from ._validate import check_window as _check_window
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 _DTYPES = (torch.float64, torch.float32, *_LOW_PRECISION)
@@ -37,29 +40,6 @@ def _check(
     nheads, nheads_kv = q.shape[-2], k.shape[-2]
     if (nheads_kv == 0 and nheads != 0) or (nheads_kv != 0 and nheads % nheads_kv != 0):
         raise ValueError(f"q, k: {nheads} query heads are not a multiple of {nheads_kv} kv heads")
-
-
-def _check_window(window: Any) -> tuple[int, int]:
-    """(left, right) as ints; TypeError/ValueError naming window otherwise."""
-    try:
-        left, right = window
-    except (TypeError, ValueError):
-        raise TypeError(f"window: expected a pair (left, right) of ints, got {window!r}") from None
-    for side in (left, right):
-        if isinstance(side, bool) or not isinstance(side, numbers.Integral):
-            raise TypeError(f"window: expected a pair (left, right) of ints, got {window!r}")
-        if side < -1:
-            raise ValueError(f"window: each side must be -1 (unbounded) or >= 0, got {window!r}")
-    return int(left), int(right)
-
-
-def _check_softcap(softcap: Any) -> float:
-    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
-        raise TypeError(f"softcap: expected a float, got {type(softcap).__qualname__}")
-    value = float(softcap)
-    if not (math.isfinite(value) and value >= 0.0):
-        raise ValueError(f"softcap: expected a finite float >= 0 (0 disables it), got {value}")
-    return value
 
 
 def _check_alibi(alibi_slopes: Any, batch: int, nheads: int) -> None:

@@ -7,6 +7,11 @@ at 16384 and the hidden size ``nheads * hdim`` at 2048, for head dimensions
 ``--hdims`` takes any multiple of 8 up to 256 (``nheads = 2048 // hdim``);
 ``--shape b,sq,sk,h,hkv,d`` times given shapes instead (GQA, ``seqlen_q !=
 seqlen_k``).  Causal masks are bottom-right aligned for every implementation.
+``--window L,R`` and ``--softcap C`` time flashcute's sliding window and logit
+softcap (FLOPs count only the visible (query, key) pairs; SDPA and
+FlashAttention-3 cannot compute them and are timed on dense problems only,
+which ``--with-dense`` adds beside each one); every JSON row names its
+``feature`` (``dense``, ``window``, ``softcap``, ``window+softcap``).
 
 Implementations compared:
 
@@ -48,6 +53,7 @@ from .grid import (
     FA3_DTYPES,
     FA3_HDIMS,
     IMPLS,
+    NO_WINDOW,
     QUICK_HDIMS,
     QUICK_SEQLENS,
     TOTAL_HIDDEN,
@@ -64,12 +70,18 @@ from .grid import (
     build_shapes,
     causal_pairs,
     config_flops,
+    feature_name,
     parse_shape,
     parse_shapes,
+    parse_softcap,
+    parse_window,
     tflops_from_ms,
+    visible_pairs,
+    with_feature,
 )
 from .impls import (
     fa3_import_error,
+    feature_skip_reason,
     flashcute_backward_available,
     impl_skip_reason,
     impl_unavailable_reason,
@@ -85,11 +97,12 @@ from .report import (
 
 __all__ = [
     "TOTAL_TOKENS", "TOTAL_HIDDEN", "DEFAULT_HDIMS", "DEFAULT_SEQLENS", "QUICK_HDIMS",
-    "QUICK_SEQLENS", "IMPLS", "FA3_HDIMS", "FA3_DTYPES", "CHECK_ATOL", "BenchConfig",
-    "BenchRow", "Notes", "Shape", "BenchError", "CheckError", "NoGPUError", "build_parser",
-    "parse_args", "causal_values", "build_grid", "build_shapes", "parse_shape",
-    "parse_shapes", "attention_flops", "causal_pairs", "config_flops", "tflops_from_ms",
-    "impl_skip_reason", "impl_unavailable_reason", "select_impls", "fa3_import_error",
-    "flashcute_backward_available", "format_table", "results_to_json", "write_json",
-    "plot_results", "make_progress", "main",
+    "QUICK_SEQLENS", "IMPLS", "FA3_HDIMS", "FA3_DTYPES", "CHECK_ATOL", "NO_WINDOW",
+    "BenchConfig", "BenchRow", "Notes", "Shape", "BenchError", "CheckError", "NoGPUError",
+    "build_parser", "parse_args", "causal_values", "build_grid", "build_shapes", "parse_shape",
+    "parse_shapes", "parse_window", "parse_softcap", "feature_name", "with_feature",
+    "attention_flops", "causal_pairs", "visible_pairs", "config_flops", "tflops_from_ms",
+    "feature_skip_reason", "impl_skip_reason", "impl_unavailable_reason", "select_impls",
+    "fa3_import_error", "flashcute_backward_available", "format_table", "results_to_json",
+    "write_json", "plot_results", "make_progress", "main",
 ]

@@ -35,6 +35,22 @@ def _shape_list(text: str) -> list[grid.Shape]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _window(text: str) -> tuple[int, int]:
+    """argparse type: ``L,R``, each side -1 (unbounded) or >= 0."""
+    try:
+        return grid.parse_window(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _softcap(text: str) -> float:
+    """argparse type: a finite float >= 0."""
+    try:
+        return grid.parse_softcap(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _impl_list(text: str) -> list[str]:
     """argparse type: comma-separated implementation names, or ``all``."""
     names = [tok.strip() for tok in text.split(",") if tok.strip()]
@@ -79,6 +95,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--seqlens or --plot; --causal and --dtype apply, --quick only shortens the timing")
     add("--causal", choices=("both", "yes", "no"), default="both",
         help="which masks to run (default: both)")
+    add("--window", type=_window, default=grid.NO_WINDOW, metavar=grid.WINDOW_FORMAT,
+        help="sliding window for flashcute: query i sees key j iff "
+        "i+sk-sq-L <= j <= i+sk-sq+R, -1 leaving a side unbounded; causal sets R=0 "
+        "(default: -1,-1, no window). FLOPs count only the visible (query, key) pairs. "
+        "SDPA and fa3 are not timed with it (see --with-dense)")
+    add("--softcap", type=_softcap, default=0.0, metavar="C",
+        help="flashcute's tanh soft cap C*tanh(s/C) of the scaled scores (default: 0, off); "
+        "it adds no FLOPs to the count. SDPA and fa3 are not timed with it (see --with-dense)")
+    add("--with-dense", action="store_true",
+        help="with --window or --softcap: also time each problem without them, just before "
+        "it, for every implementation (SDPA and fa3 on these dense lines only), and add "
+        "'X/dense' columns: flashcute-X's TFLOP/s with the feature over its dense TFLOP/s")
     add("--dtype", choices=grid.DTYPE_CHOICES, default="bf16", help="default: bf16")
     add("--impls", type=_impl_list, default=None,
         help=f"comma-separated subset of {', '.join(grid.IMPLS)} (default: all available)")
@@ -111,17 +139,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _attach_window_values(argv: Sequence[str]) -> list[str]:
+    """``--window -1,R`` as ``--window=-1,R``: argparse reads a separate value that starts
+    with ``-`` (and is not a plain number) as an option, and would then find no value."""
+    out: list[str] = []
+    for token in argv:
+        if out and out[-1] == "--window" and token[:1] == "-" and token[1:2].isdigit():
+            out[-1] = f"--window={token}"
+        else:
+            out.append(token)
+    return out
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse and validate the command line, resolving ``--quick`` defaults.
 
     After parsing, ``shapes`` is the list of ``--shape`` shapes (empty for the
     grid); for the grid ``hdims``/``seqlens`` are lists of ints (``None`` with
     ``--shape``); ``causals`` is a list of bools, ``impls`` a list of names
-    (``None`` meaning "all available"), and ``warmup``/``rep`` floats in
-    milliseconds.
+    (``None`` meaning "all available"), ``warmup``/``rep`` floats in
+    milliseconds, ``window`` a ``(left, right)`` tuple and ``softcap`` a float.
     """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_attach_window_values(sys.argv[1:] if argv is None else argv))
     args.shapes = [shape for group in args.shape or () for shape in group]
     if args.shapes:
         given = [flag for flag, value in (("--hdims", args.hdims), ("--seqlens", args.seqlens),
@@ -148,6 +188,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")
     args.causals = causal_values(args.causal)
+    if args.with_dense and grid.feature_name(args.window, args.softcap) == "dense":
+        parser.error("--with-dense adds the dense problem beside a --window or --softcap "
+                     "one; give --window or --softcap too")
     if not args.shapes:
         try:
             grid.validate_grid(args.hdims, args.seqlens)
@@ -214,6 +257,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not chosen:
         report.print_notes(notes)
         return _fail("no implementation left to benchmark", 1)
+    feature = grid.feature_name(args.window, args.softcap)
+    if feature != "dense" and not args.with_dense:
+        # No dense line to time them on: no column at all.
+        reasons = {i: impls.feature_skip_reason(i, args.window, args.softcap) for i in chosen}
+        for reason in filter(None, reasons.values()):
+            notes.add(reason)
+        chosen = [i for i in chosen if reasons[i] is None]
+        if not chosen:
+            report.print_notes(notes)
+            return _fail("no implementation left to benchmark", 1)
     if args.bwd:
         for impl in chosen:
             if not impls.backward_supported(impl):
@@ -226,13 +279,18 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"(median, warmup {args.warmup:g} ms, rep {args.rep:g} ms; median of "
           f"{args.rounds} alternating round{'s' if args.rounds > 1 else ''})")
     print("values: fwd TFLOP/s; ratios: flashcute-X / sdpa-Y or fa3 fwd TFLOP/s"
+          + ("; X/dense: flashcute-X with the feature / without" if args.with_dense else "")
           + ("; '... bwd' columns: the same for the backward" if args.bwd else ""))
+    if feature != "dense":
+        print(f"feature: {grid.feature_label(args.window, args.softcap)} (flashcute only); "
+              "FLOPs count only the visible (query, key) pairs, softcap adds none")
     sys.stdout.flush()
 
     if args.shapes:
         configs = grid.build_shapes(args.shapes, args.causals, args.dtype)
     else:
         configs = grid.build_grid(args.hdims, args.seqlens, args.causals, args.dtype)
+    configs = grid.with_feature(configs, args.window, args.softcap, with_dense=args.with_dense)
     progress = report.make_progress(len(configs) * len(chosen), enabled=not args.no_progress)
     try:
         with contextlib.closing(progress):
@@ -261,6 +319,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.plot:
         try:
             title = f"{device_name}, {args.dtype}, forward attention"
+            if feature != "dense":
+                title += f", {grid.feature_label(args.window, args.softcap)}"
             report.plot_results(rows, args.plot, title=title)
         except grid.BenchError as exc:
             return _fail(str(exc), 1)

@@ -1,4 +1,4 @@
-"""Benchmark problems: constants, errors, the grid, ``--shape`` shapes, records and FLOPs.
+"""Benchmark problems: constants, errors, the grid, ``--shape`` shapes, masks, records and FLOPs.
 
 Pure Python: nothing here imports torch.
 """
@@ -51,8 +51,12 @@ BWD_FLOPS_FACTOR: float = 2.5
 
 DTYPE_CHOICES: tuple[str, ...] = ("bf16", "fp16")
 
-#: (dtype, hdim, causal, seqlen_q, seqlen_k, batch, nheads, nheads_kv): one table line.
-RowKey = tuple[str, int, bool, int, int, int, int, int]
+#: ``window=(left, right)`` with both sides unbounded: no sliding window.
+NO_WINDOW: tuple[int, int] = (-1, -1)
+
+#: (dtype, hdim, causal, seqlen_q, seqlen_k, batch, nheads, nheads_kv, window, softcap):
+#: one table line.
+RowKey = tuple[str, int, bool, int, int, int, int, int, tuple[int, int], float]
 
 
 def short_impl(impl: str) -> str:
@@ -135,12 +139,89 @@ def parse_shapes(text: str) -> list[Shape]:
     return [parse_shape(part) for part in parts]
 
 
+#: How ``--window`` spells a window, for messages.
+WINDOW_FORMAT: str = "L,R"
+
+
+def check_window(window: Sequence[int]) -> tuple[int, int]:
+    """``window`` as ``(left, right)``: two ints, each -1 (unbounded) or >= 0; ValueError else."""
+    try:
+        left, right = window
+    except (TypeError, ValueError):
+        raise ValueError(f"window: expected (left, right), got {window!r}") from None
+    if any(isinstance(side, bool) or not isinstance(side, int) or side < -1
+           for side in (left, right)):
+        raise ValueError(
+            f"window: each side must be an int, -1 (unbounded) or >= 0, got {window!r}"
+        )
+    return left, right
+
+
+def parse_window(text: str) -> tuple[int, int]:
+    """Parse ``L,R`` (``--window``) into ``(left, right)``; ``ValueError`` says what is wrong."""
+    tokens = [tok.strip() for tok in text.split(",")]
+    try:
+        values = tuple(int(tok) for tok in tokens)
+    except ValueError:
+        values = ()
+    if len(values) != 2 or any(side < -1 for side in values):
+        raise ValueError(
+            f"expected {WINDOW_FORMAT} (two integers, each -1 for unbounded or >= 0: keys "
+            f"left and right of the diagonal), got {text!r}"
+        )
+    return values[0], values[1]
+
+
+def check_softcap(softcap: float) -> float:
+    """``softcap`` as a float: finite and >= 0 (0 is off); ValueError otherwise."""
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise ValueError(f"softcap: expected a float, got {softcap!r}")
+    value = float(softcap)
+    if not (math.isfinite(value) and value >= 0.0):
+        raise ValueError(f"softcap: expected a finite float >= 0 (0 is off), got {softcap!r}")
+    return value
+
+
+def parse_softcap(text: str) -> float:
+    """Parse ``--softcap``: a finite float >= 0; ``ValueError`` says what is wrong."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"expected a float, got {text!r}") from None
+    if not (math.isfinite(value) and value >= 0.0):
+        raise ValueError(f"expected a finite float >= 0 (0 is off), got {text!r}")
+    return value
+
+
+def feature_name(window: Sequence[int] = NO_WINDOW, softcap: float = 0.0) -> str:
+    """The ``feature`` of a problem, as results record it.
+
+    ``"dense"`` without window and softcap, ``"window"`` when a window other
+    than ``(-1, -1)`` is set, ``"softcap"`` when ``softcap > 0``, and
+    ``"window+softcap"`` with both.  A causal mask alone is ``"dense"``.
+    """
+    parts = [name for name, on in (("window", tuple(window) != NO_WINDOW),
+                                   ("softcap", softcap > 0.0)) if on]
+    return "+".join(parts) or "dense"
+
+
+def feature_label(window: Sequence[int] = NO_WINDOW, softcap: float = 0.0) -> str:
+    """The feature with its values, for tables and notes: ``window=4096,0+softcap=30``."""
+    parts = []
+    if tuple(window) != NO_WINDOW:
+        parts.append(f"window={window[0]},{window[1]}")
+    if softcap > 0.0:
+        parts.append(f"softcap={softcap:g}")
+    return "+".join(parts) or "dense"
+
+
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
     """One problem timed for every implementation.
 
     ``seqlen`` is the query length; ``seqlen_k`` and ``nheads_kv`` default (0)
-    to ``seqlen`` and ``nheads``, as on the grid.
+    to ``seqlen`` and ``nheads``, as on the grid.  ``window`` and ``softcap``
+    are passed to flashcute as given (``(-1, -1)`` and 0: off).
     """
 
     dtype: str
@@ -151,6 +232,8 @@ class BenchConfig:
     nheads: int
     seqlen_k: int = 0
     nheads_kv: int = 0
+    window: tuple[int, int] = NO_WINDOW
+    softcap: float = 0.0
 
     def __post_init__(self) -> None:
         # Frozen: fill the defaults through object.__setattr__.
@@ -171,9 +254,20 @@ class BenchConfig:
         return self.seqlen
 
     @property
+    def feature(self) -> str:
+        """:func:`feature_name` of this problem (``dense``, ``window``, ...)."""
+        return feature_name(self.window, self.softcap)
+
+    def dense(self) -> BenchConfig:
+        """The same problem without window and softcap (the causal flag stays)."""
+        return dataclasses.replace(self, window=NO_WINDOW, softcap=0.0)
+
+    @property
     def label(self) -> str:
         """Short human-readable description, used in notes and errors."""
         mask = "causal" if self.causal else "non-causal"
+        if self.feature != "dense":
+            mask += f" {feature_label(self.window, self.softcap)}"
         if self.seqlen_k == self.seqlen and self.nheads_kv == self.nheads:
             return (
                 f"{self.dtype} hdim={self.hdim} {mask} seqlen={self.seqlen} "
@@ -189,7 +283,7 @@ class BenchConfig:
     def key(self) -> RowKey:
         """The tuple identifying a table row."""
         return (self.dtype, self.hdim, self.causal, self.seqlen, self.seqlen_k, self.batch,
-                self.nheads, self.nheads_kv)
+                self.nheads, self.nheads_kv, tuple(self.window), self.softcap)
 
 
 @dataclasses.dataclass
@@ -199,7 +293,7 @@ class BenchRow:
     ``bwd_tflops`` is ``None`` when the backward pass was not timed (no
     ``--bwd``, or the implementation has no backward); it is then left out
     of the JSON output.  ``seqlen_k`` and ``nheads_kv`` default (0) to
-    ``seqlen`` and ``nheads``.
+    ``seqlen`` and ``nheads``; ``window`` and ``softcap`` to off.
     """
 
     impl: str
@@ -213,6 +307,8 @@ class BenchRow:
     bwd_tflops: float | None = None
     seqlen_k: int = 0
     nheads_kv: int = 0
+    window: tuple[int, int] = NO_WINDOW
+    softcap: float = 0.0
 
     def __post_init__(self) -> None:
         self.seqlen_k = self.seqlen_k or self.seqlen
@@ -229,10 +325,16 @@ class BenchRow:
     def key(self) -> RowKey:
         """The tuple identifying a table row (same as :attr:`BenchConfig.key`)."""
         return (self.dtype, self.hdim, self.causal, self.seqlen, self.seqlen_k, self.batch,
-                self.nheads, self.nheads_kv)
+                self.nheads, self.nheads_kv, tuple(self.window), self.softcap)
+
+    @property
+    def feature(self) -> str:
+        """:func:`feature_name` of the measured problem."""
+        return feature_name(self.window, self.softcap)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict with the full shape; ``bwd_tflops`` only when it was measured.
+        """JSON-ready dict with the full shape and the ``feature``; ``bwd_tflops`` only when
+        it was measured, ``window`` ([left, right]) and ``softcap`` only when set.
 
         ``seqlen`` (the query length) stays beside ``seqlen_q`` for older readers.
         """
@@ -240,11 +342,20 @@ class BenchRow:
             "impl": self.impl, "dtype": self.dtype, "hdim": self.hdim, "causal": self.causal,
             "seqlen": self.seqlen, "batch": self.batch, "nheads": self.nheads,
             "seqlen_q": self.seqlen, "seqlen_k": self.seqlen_k, "nheads_kv": self.nheads_kv,
-            "fwd_tflops": self.fwd_tflops,
+            "fwd_tflops": self.fwd_tflops, "feature": self.feature,
         }
+        if tuple(self.window) != NO_WINDOW:
+            out["window"] = list(self.window)
+        if self.softcap > 0.0:
+            out["softcap"] = self.softcap
         if self.bwd_tflops is not None:
             out["bwd_tflops"] = self.bwd_tflops
         return out
+
+
+def dense_key(key: RowKey) -> RowKey:
+    """The key of the same problem without window and softcap."""
+    return (*key[:8], NO_WINDOW, 0.0)  # type: ignore[return-value]
 
 
 class Notes:
@@ -327,9 +438,65 @@ def build_shapes(
     return [BenchConfig.from_shape(shape, causal, dtype) for causal in causals for shape in unique]
 
 
+def with_feature(
+    configs: Sequence[BenchConfig], window: Sequence[int] = NO_WINDOW, softcap: float = 0.0,
+    *, with_dense: bool = False,
+) -> list[BenchConfig]:
+    """``configs`` with ``window`` and ``softcap`` set; with ``with_dense``, each one's
+    dense problem comes right before it (so that both are timed close together).
+
+    ``with_dense`` without a window or softcap changes nothing.
+    """
+    window = check_window(tuple(window))
+    softcap = check_softcap(softcap)
+    out: list[BenchConfig] = []
+    for cfg in configs:
+        featured = dataclasses.replace(cfg, window=window, softcap=softcap)
+        if with_dense and featured.feature != "dense":
+            out.append(cfg.dense())
+        out.append(featured)
+    return out
+
+
 def _check_dtype(dtype: str) -> None:
     if dtype not in DTYPE_CHOICES:
         raise ValueError(f"dtype must be one of {DTYPE_CHOICES}, got {dtype!r}")
+
+
+def _clamped_prefix(stop: int, cap: int) -> int:
+    """``sum(min(max(x, 0), cap) for x < stop)`` over all integers ``x < stop``."""
+    if stop <= 0:
+        return 0
+    if stop <= cap + 1:
+        return stop * (stop - 1) // 2
+    return cap * (cap + 1) // 2 + (stop - cap - 1) * cap
+
+
+def visible_pairs(
+    seqlen_q: int, seqlen_k: int, *, causal: bool = False, window: Sequence[int] = NO_WINDOW,
+) -> int:
+    """Number of (query, key) pairs that the bottom-right aligned mask keeps.
+
+    With ``o = seqlen_k - seqlen_q``, query ``i`` sees key ``j`` (``0 <= j <
+    seqlen_k``) iff ``i + o - left <= j <= i + o + right`` for ``window=(left,
+    right)``, a side of -1 being unbounded and ``causal`` setting ``right = 0``.
+    Row ``i`` thus keeps ``clamp(i + o + right + 1) - clamp(i + o - left)`` keys,
+    ``clamp`` limiting to ``[0, seqlen_k]``; summed over the rows in closed form.
+    """
+    if seqlen_q <= 0 or seqlen_k <= 0:
+        return 0
+    left, right = check_window(tuple(window))
+    if causal:
+        right = 0
+    offset = seqlen_k - seqlen_q
+
+    def clamped_rows(start: int) -> int:  # sum of clamp(start + i) over the rows i
+        return (_clamped_prefix(start + seqlen_q, seqlen_k)
+                - _clamped_prefix(start, seqlen_k))
+
+    upper = seqlen_q * seqlen_k if right < 0 else clamped_rows(offset + right + 1)
+    lower = 0 if left < 0 else clamped_rows(offset - left)
+    return upper - lower
 
 
 def causal_pairs(seqlen_q: int, seqlen_k: int) -> int:
@@ -337,34 +504,33 @@ def causal_pairs(seqlen_q: int, seqlen_k: int) -> int:
 
     Query ``i`` sees key ``j`` iff ``j <= i + seqlen_k - seqlen_q``, so row
     ``i`` keeps ``max(0, i + seqlen_k - seqlen_q + 1)`` keys (never more than
-    ``seqlen_k``: the last row keeps exactly all of them).
+    ``seqlen_k``: the last row keeps exactly all of them); :func:`visible_pairs`
+    without a window.
     """
-    if seqlen_q <= 0 or seqlen_k <= 0:
-        return 0
-    first_row = max(0, seqlen_q - seqlen_k)  # the first query with a key to see
-    rows = seqlen_q - first_row
-    first_count = first_row + seqlen_k - seqlen_q + 1
-    return rows * (first_count + seqlen_k) // 2  # arithmetic series up to seqlen_k
+    return visible_pairs(seqlen_q, seqlen_k, causal=True)
 
 
 def attention_flops(
     batch: int, nheads: int, seqlen_q: int, seqlen_k: int, hdim: int, causal: bool,
-    *, backward: bool = False,
+    *, backward: bool = False, window: Sequence[int] = NO_WINDOW,
 ) -> float:
     """FLOPs of one attention pass, FlashAttention convention.
 
     Forward: ``4 * d`` per (query, key) pair and head (two matmuls), over
-    ``b * h * s_q * s_k`` pairs.  Causal with ``s_q == s_k`` counts half the
-    pairs (the FlashAttention convention that published numbers use); causal
-    with ``s_q != s_k`` counts exactly the pairs the bottom-right mask keeps
-    (:func:`causal_pairs`).  Backward: 2.5x the forward count.
+    ``b * h * s_q * s_k`` pairs.  Causal with ``s_q == s_k`` and no window
+    counts half the pairs (the FlashAttention convention that published
+    numbers use); every other mask (causal with ``s_q != s_k``, a sliding
+    window, with or without causal) counts exactly the pairs it keeps
+    (:func:`visible_pairs`).  Softcap adds nothing to the count.  Backward:
+    2.5x the forward count.
     """
-    if not causal:
+    unbounded = tuple(window) == NO_WINDOW
+    if not causal and unbounded:
         pairs = float(seqlen_q) * seqlen_k
-    elif seqlen_q == seqlen_k:
+    elif causal and unbounded and seqlen_q == seqlen_k:
         pairs = float(seqlen_q) * seqlen_k / 2.0
     else:
-        pairs = float(causal_pairs(seqlen_q, seqlen_k))
+        pairs = float(visible_pairs(seqlen_q, seqlen_k, causal=causal, window=window))
     flops = 4.0 * batch * nheads * pairs * hdim
     if backward:
         flops *= BWD_FLOPS_FACTOR
@@ -374,7 +540,8 @@ def attention_flops(
 def config_flops(cfg: BenchConfig, *, backward: bool = False) -> float:
     """:func:`attention_flops` for a configuration."""
     return attention_flops(
-        cfg.batch, cfg.nheads, cfg.seqlen, cfg.seqlen_k, cfg.hdim, cfg.causal, backward=backward
+        cfg.batch, cfg.nheads, cfg.seqlen, cfg.seqlen_k, cfg.hdim, cfg.causal, backward=backward,
+        window=cfg.window,
     )
 
 

@@ -18,8 +18,11 @@ from .grid import (
     FA3_IMPLS,
     FLASHCUTE_IMPLS,
     IMPLS,
+    NO_WINDOW,
     SDPA_IMPLS,
     Notes,
+    feature_label,
+    feature_name,
     short_impl,
 )
 
@@ -138,6 +141,27 @@ def impl_unavailable_reason(
         if error is not None:
             return f"{impl} skipped: FlashAttention-3 is not importable ({error})"
     return None
+
+
+def feature_skip_reason(
+    impl: str, window: Sequence[int] = NO_WINDOW, softcap: float = 0.0
+) -> str | None:
+    """Why ``impl`` is not timed with this window and softcap, or ``None`` if it is.
+
+    Only flashcute computes them: SDPA has no sliding-window or softcap kernel
+    (a dense boolean mask would time another algorithm, and softcap has no
+    form at all), and the FlashAttention-3 build timed beside flashcute has
+    neither.  These implementations are timed on dense problems only.
+    """
+    if impl in FLASHCUTE_IMPLS or feature_name(window, softcap) == "dense":
+        return None
+    what = feature_label(window, softcap)
+    if impl in FA3_IMPLS:
+        why = "the FlashAttention-3 build timed here has no window or softcap"
+    else:
+        why = "SDPA has no sliding-window or softcap kernel"
+    return (f"{impl} not timed with {what}: {why}; it is timed on dense problems only "
+            f"(--with-dense adds them)")
 
 
 def _fa3_skip_reason(impl: str, hdim: int, dtype: str) -> str | None:
@@ -314,7 +338,8 @@ def sdpa_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Callable[[], 
 
 
 def make_forward_fn(
-    impl: str, q: Tensor, k: Tensor, v: Tensor, causal: bool
+    impl: str, q: Tensor, k: Tensor, v: Tensor, causal: bool,
+    *, window: Sequence[int] = NO_WINDOW, softcap: float = 0.0,
 ) -> Callable[[], Tensor]:
     """A zero-argument callable running one forward pass of ``impl``.
 
@@ -323,12 +348,23 @@ def make_forward_fn(
     implementation.  SDPA gets ``(batch, nheads, seqlen, hdim)`` transposed
     views and must be called inside :func:`impl_context`.  The returned output
     is in the callee's native layout; FlashAttention-3's is its output tensor
-    whether its version returns ``out`` or ``(out, lse)``.
+    whether its version returns ``out`` or ``(out, lse)``.  ``window`` and
+    ``softcap`` go to flashcute only; other implementations refuse them
+    (ValueError, see :func:`feature_skip_reason`).
     """
+    reason = feature_skip_reason(impl, window, softcap)
+    if reason is not None:
+        raise ValueError(reason)
     if impl in FLASHCUTE_IMPLS:
         fc = _import_flashcute()
         backend = short_impl(impl)
-        return lambda: fc.attention(q, k, v, causal=causal, backend=backend)
+        # Dense calls keep the exact call of a dense benchmark (no extra keywords).
+        features: dict[str, Any] = {}
+        if tuple(window) != NO_WINDOW:
+            features["window"] = tuple(window)
+        if softcap > 0.0:
+            features["softcap"] = softcap
+        return lambda: fc.attention(q, k, v, causal=causal, backend=backend, **features)
     if impl in SDPA_IMPLS:
         return sdpa_forward(q, k, v, causal)
     if impl in FA3_IMPLS:
@@ -342,16 +378,20 @@ def make_forward_fn(
     raise ValueError(f"unknown implementation {impl!r}")
 
 
-def make_backward_fn(impl: str, q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Callable[[], Any]:
+def make_backward_fn(
+    impl: str, q: Tensor, k: Tensor, v: Tensor, causal: bool,
+    *, window: Sequence[int] = NO_WINDOW, softcap: float = 0.0,
+) -> Callable[[], Any]:
     """A zero-argument callable running only the backward pass of ``impl``.
 
-    The forward runs once here (call inside :func:`impl_context`); the
-    callable computes ``torch.autograd.grad(out, (q, k, v), dout,
-    retain_graph=True)`` so that it can be repeated.
+    The forward runs once here (call inside :func:`impl_context`), with
+    ``window`` and ``softcap`` as in :func:`make_forward_fn`; the callable
+    computes ``torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)``
+    so that it can be repeated.
     """
     import torch  # noqa: PLC0415
 
     qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
-    out = make_forward_fn(impl, qg, kg, vg, causal)()
+    out = make_forward_fn(impl, qg, kg, vg, causal, window=window, softcap=softcap)()
     dout = torch.randn_like(out)
     return lambda: torch.autograd.grad(out, (qg, kg, vg), dout, retain_graph=True)

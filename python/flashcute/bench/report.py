@@ -8,7 +8,17 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from .grid import BASELINE_IMPLS, FLASHCUTE_IMPLS, IMPLS, BenchError, BenchRow, RowKey, short_impl
+from .grid import (
+    BASELINE_IMPLS,
+    FLASHCUTE_IMPLS,
+    IMPLS,
+    BenchError,
+    BenchRow,
+    RowKey,
+    dense_key,
+    feature_label,
+    short_impl,
+)
 
 
 def _ordered_impls(rows: Sequence[BenchRow]) -> list[str]:
@@ -22,16 +32,31 @@ def _fmt_tflops(row: BenchRow | None, backward: bool = False) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def _ratio(num: BenchRow | None, den: BenchRow | None, backward: bool = False) -> str:
+    """``num / den`` TFLOP/s as ``1.23x``, or ``-`` where a side is missing."""
+    if num is None or den is None:
+        return "-"
+    top, bottom = (num.bwd_tflops, den.bwd_tflops) if backward else (num.fwd_tflops,
+                                                                      den.fwd_tflops)
+    if top is None or not bottom:
+        return "-"
+    return f"{top / bottom:.2f}x"
+
+
 def format_table(rows: Sequence[BenchRow], impls: Sequence[str] | None = None) -> str:
     """Render results as a fixed-width text table.
 
     One line per configuration, in first-seen order; columns are the shape
     (``seqlen_k`` and ``nheads_kv`` only when some row differs from
-    ``seqlen``/``nheads``), the forward TFLOP/s of each implementation, then
-    the ratios ``flashcute-X / Y`` for each flashcute implementation and
-    baseline (SDPA, FlashAttention-3), then backward TFLOP/s for
-    implementations with backward results and the same ratios of backward
-    TFLOP/s where both sides have them.  Missing measurements show as ``-``.
+    ``seqlen``/``nheads``; ``feature`` only when some row has a window or
+    softcap), the forward TFLOP/s of each implementation, then the ratios
+    ``flashcute-X / Y`` for each flashcute implementation and baseline (SDPA,
+    FlashAttention-3), then, when the rows hold both a feature and its dense
+    problem (``--with-dense``), ``X/dense``: flashcute-X's TFLOP/s with the
+    feature over its own on the dense problem of the same shape; then backward
+    TFLOP/s for implementations with backward results and the same ratios of
+    backward TFLOP/s where both sides have them.  Missing measurements show as
+    ``-``.
     """
     impls = list(impls) if impls is not None else _ordered_impls(rows)
     ratio_pairs = [
@@ -47,15 +72,23 @@ def format_table(rows: Sequence[BenchRow], impls: Sequence[str] | None = None) -
         by_key.setdefault(r.key, {})[r.impl] = r
         first.setdefault(r.key, r)
 
+    featured = any(r.feature != "dense" for r in rows)
+    vs_dense = [f for f in impls if f in FLASHCUTE_IMPLS] if featured and any(
+        r.feature == "dense" for r in rows) else []
+    bwd_vs_dense = [f for f in vs_dense if f in bwd_impls]
     full_shape = any(r.seqlen_k != r.seqlen or r.nheads_kv != r.nheads for r in rows)
     if full_shape:
         headers = ["dtype", "hdim", "causal", "seqlen_q", "seqlen_k", "batch", "nheads",
-                   "nheads_kv", *impls]
+                   "nheads_kv"]
     else:
-        headers = ["dtype", "hdim", "causal", "seqlen", "batch", "nheads", *impls]
+        headers = ["dtype", "hdim", "causal", "seqlen", "batch", "nheads"]
+    headers += ["feature"] if featured else []
+    headers += impls
     headers += [f"{short_impl(f)}/{short_impl(s)}" for f, s in ratio_pairs]
+    headers += [f"{short_impl(f)}/dense" for f in vs_dense]
     headers += [f"{i} bwd" for i in bwd_impls]
     headers += [f"{short_impl(f)}/{short_impl(s)} bwd" for f, s in bwd_pairs]
+    headers += [f"{short_impl(f)}/dense bwd" for f in bwd_vs_dense]
 
     body: list[list[str]] = []
     for key, per_impl in by_key.items():
@@ -66,19 +99,15 @@ def format_table(rows: Sequence[BenchRow], impls: Sequence[str] | None = None) -
         else:
             cells = [m.dtype, str(m.hdim), "yes" if m.causal else "no", str(m.seqlen),
                      str(m.batch), str(m.nheads)]
+        cells += [feature_label(m.window, m.softcap)] if featured else []
+        # The dense line of the same shape; none for a dense line itself.
+        dense = by_key.get(dense_key(key), {}) if m.feature != "dense" else {}
         cells += [_fmt_tflops(per_impl.get(i)) for i in impls]
-        for f, s in ratio_pairs:
-            if f in per_impl and s in per_impl and per_impl[s].fwd_tflops > 0:
-                cells.append(f"{per_impl[f].fwd_tflops / per_impl[s].fwd_tflops:.2f}x")
-            else:
-                cells.append("-")
+        cells += [_ratio(per_impl.get(f), per_impl.get(s)) for f, s in ratio_pairs]
+        cells += [_ratio(per_impl.get(f), dense.get(f)) for f in vs_dense]
         cells += [_fmt_tflops(per_impl.get(i), backward=True) for i in bwd_impls]
-        for f, s in bwd_pairs:
-            num, den = per_impl.get(f), per_impl.get(s)
-            if num and den and num.bwd_tflops is not None and den.bwd_tflops:
-                cells.append(f"{num.bwd_tflops / den.bwd_tflops:.2f}x")
-            else:
-                cells.append("-")
+        cells += [_ratio(per_impl.get(f), per_impl.get(s), backward=True) for f, s in bwd_pairs]
+        cells += [_ratio(per_impl.get(f), dense.get(f), backward=True) for f in bwd_vs_dense]
         body.append(cells)
 
     widths = [max(map(len, column)) for column in zip(headers, *body)]
@@ -151,7 +180,8 @@ def import_pyplot() -> Any:
 def plot_results(
     rows: Sequence[BenchRow], path: str | os.PathLike[str], *, title: str = ""
 ) -> None:
-    """PNG of TFLOP/s vs seqlen: one subplot per (hdim, causal), one line per impl.
+    """PNG of TFLOP/s vs seqlen: one subplot per (hdim, causal), one line per impl
+    (per impl and feature where the rows hold several features).
 
     Forward results are solid lines; backward results, when present, dashed.
     Meant for the grid (one batch and head count per seqlen and hdim), so
@@ -161,27 +191,30 @@ def plot_results(
     hdims = sorted({r.hdim for r in rows})
     causals = sorted({r.causal for r in rows})
     seqlens = sorted({r.seqlen for r in rows})
-    impls = _ordered_impls(rows)
+    features = list(dict.fromkeys((tuple(r.window), r.softcap) for r in rows))
+    lines = [(impl, feature) for impl in _ordered_impls(rows) for feature in features]
     nrows, ncols = max(1, len(hdims)), max(1, len(causals))
     fig, axes = plt.subplots(nrows, ncols, figsize=(5.5 * ncols, 3.8 * nrows), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key().get("color", [None])
     for ri, hdim in enumerate(hdims):
         for ci, causal in enumerate(causals):
             ax = axes[ri][ci]
-            for ii, impl in enumerate(impls):
+            for ii, (impl, feature) in enumerate(lines):
                 sel = sorted(
-                    (r for r in rows if r.impl == impl and r.hdim == hdim and r.causal == causal),
+                    (r for r in rows if r.impl == impl and r.hdim == hdim and r.causal == causal
+                     and (tuple(r.window), r.softcap) == feature),
                     key=lambda r: r.seqlen,
                 )
                 if not sel:
                     continue
                 color = colors[ii % len(colors)]
+                name = f"{impl} {feature_label(*feature)}" if len(features) > 1 else impl
                 ax.plot([r.seqlen for r in sel], [r.fwd_tflops for r in sel],
-                        marker="o", color=color, label=f"{impl} fwd")
+                        marker="o", color=color, label=f"{name} fwd")
                 bwd = [r for r in sel if r.bwd_tflops is not None]
                 if bwd:
                     ax.plot([r.seqlen for r in bwd], [r.bwd_tflops for r in bwd],
-                            marker="s", linestyle="--", color=color, label=f"{impl} bwd")
+                            marker="s", linestyle="--", color=color, label=f"{name} bwd")
             ax.set_xscale("log", base=2)
             if seqlens:
                 ax.set_xticks(seqlens)

@@ -16,16 +16,20 @@ from .grid import (
     CHECK_ATOL,
     FA3_IMPLS,
     FLASHCUTE_IMPLS,
+    NO_WINDOW,
     BenchConfig,
     BenchRow,
     CheckError,
     NoGPUError,
     Notes,
     config_flops,
+    feature_label,
+    feature_name,
     tflops_from_ms,
 )
 from .impls import (
     backward_supported,
+    feature_skip_reason,
     impl_context,
     impl_skip_reason,
     make_backward_fn,
@@ -41,6 +45,10 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from .report import Progress
 
 NO_GPU_MESSAGE: str = "flashcute.bench needs a CUDA GPU and PyTorch with CUDA; {detail}"
+
+#: Bytes of float32 scores per call of the window/softcap reference of ``--check``
+#: (each call holds a few tensors of this size: about 10 GB at the peak).
+REFERENCE_CHUNK_BYTES: int = 2 << 30
 
 
 def require_cuda() -> Any:
@@ -163,7 +171,8 @@ def time_impl(
         warnings.simplefilter("ignore")
         with impl_context(impl):
             try:
-                fn = make_forward_fn(impl, q, k, v, cfg.causal)
+                fn = make_forward_fn(impl, q, k, v, cfg.causal, window=cfg.window,
+                                     softcap=cfg.softcap)
                 fwd_ms = time_fn(fn, warmup_ms=warmup_ms, rep_ms=rep_ms)
             except Exception as exc:  # noqa: BLE001 - unsupported config
                 notes.add(f"{impl} failed on {cfg.label}: {short_error(exc)}")
@@ -171,7 +180,8 @@ def time_impl(
             bwd_tflops: float | None = None
             if bwd and backward_supported(impl):
                 try:
-                    fn = make_backward_fn(impl, q, k, v, cfg.causal)
+                    fn = make_backward_fn(impl, q, k, v, cfg.causal, window=cfg.window,
+                                          softcap=cfg.softcap)
                     bwd_ms = time_fn(fn, warmup_ms=warmup_ms, rep_ms=rep_ms)
                     bwd_tflops = tflops_from_ms(config_flops(cfg, backward=True), bwd_ms)
                 except Exception as exc:  # noqa: BLE001
@@ -188,16 +198,60 @@ def median_row(rows: Sequence[BenchRow]) -> BenchRow:
     )
 
 
-def reference_output(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
-    """SDPA output of flashcute's problem, in ``(batch, seqlen_q, nheads, hdim)`` layout.
+def feature_reference(
+    q: Tensor, k: Tensor, v: Tensor, causal: bool, *, window: Sequence[int] = NO_WINDOW,
+    softcap: float = 0.0, chunk_bytes: int = REFERENCE_CHUNK_BYTES,
+) -> Tensor:
+    """``flashcute.reference.attention`` in float32, a few (batch, head) slices at a time.
 
-    PyTorch picks among its backends (flash, cuDNN, efficient, math).  Causal
-    is bottom-right aligned (:func:`~.impls.sdpa_forward`); query rows with no
-    key to see (causal, ``seqlen_q > seqlen_k``) are zero, as in flashcute,
-    where SDPA may leave NaN.
+    The reference materialises the scores; slicing batches and query heads
+    (each slice with its kv head) keeps every call near ``chunk_bytes`` of
+    scores, and leaves the bottom-right alignment intact (slicing query rows
+    would not).  Output: float32, ``(batch, seqlen_q, nheads, hdim)``.
     """
     import torch  # noqa: PLC0415
 
+    from flashcute import reference  # noqa: PLC0415 - torch-only module, imported lazily
+
+    batch, seqlen_q, nheads, _ = q.shape
+    seqlen_k, nheads_kv = k.shape[1], k.shape[2]
+    group = nheads // nheads_kv
+    per_head = max(1, seqlen_q * seqlen_k * 4)
+    heads = max(1, min(group, chunk_bytes // per_head))
+    batches = max(1, chunk_bytes // (per_head * heads)) if heads == group else 1
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    with torch.no_grad():
+        for b0 in range(0, batch, batches):
+            bs = slice(b0, min(b0 + batches, batch))
+            for kv_head in range(nheads_kv):
+                for h0 in range(kv_head * group, (kv_head + 1) * group, heads):
+                    hs = slice(h0, min(h0 + heads, (kv_head + 1) * group))
+                    out[bs, :, hs] = reference.attention(
+                        q[bs, :, hs], k[bs, :, kv_head:kv_head + 1],
+                        v[bs, :, kv_head:kv_head + 1], causal=causal, window=tuple(window),
+                        softcap=softcap, dtype=torch.float32,
+                    )
+    return out
+
+
+def reference_output(
+    q: Tensor, k: Tensor, v: Tensor, causal: bool, *, window: Sequence[int] = NO_WINDOW,
+    softcap: float = 0.0,
+) -> Tensor:
+    """The output of flashcute's problem for ``--check``, in ``(batch, seqlen_q, nheads,
+    hdim)`` layout.
+
+    Dense problems run SDPA (PyTorch picks among its backends: flash, cuDNN,
+    efficient, math).  Causal is bottom-right aligned
+    (:func:`~.impls.sdpa_forward`); query rows with no key to see (causal,
+    ``seqlen_q > seqlen_k``) are zero, as in flashcute, where SDPA may leave
+    NaN.  With a window or softcap, which SDPA cannot compute, it is
+    :func:`feature_reference`.
+    """
+    import torch  # noqa: PLC0415
+
+    if feature_name(window, softcap) != "dense":
+        return feature_reference(q, k, v, causal, window=window, softcap=softcap)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out = sdpa_forward(q, k, v, causal)().transpose(1, 2)
@@ -213,8 +267,8 @@ def check_impl(
 ) -> None:
     """Raise :class:`CheckError` if ``impl`` deviates from ``ref`` by > ``atol``.
 
-    ``ref`` is :func:`reference_output`, in flashcute's layout (which
-    FlashAttention-3 shares).
+    ``ref`` is :func:`reference_output` of ``cfg``, in flashcute's layout
+    (which FlashAttention-3 shares).
 
     Exceptions raised by ``impl`` itself propagate (the caller treats them
     as "unsupported configuration").
@@ -222,7 +276,8 @@ def check_impl(
     import torch  # noqa: PLC0415
 
     with torch.no_grad():
-        out = make_forward_fn(impl, q, k, v, cfg.causal)()
+        out = make_forward_fn(impl, q, k, v, cfg.causal, window=cfg.window,
+                              softcap=cfg.softcap)()
     torch.cuda.synchronize()
     shape_note, err = "", math.inf  # max |out - ref| in fp32; inf on mismatch or NaN/inf
     if tuple(out.shape) != tuple(ref.shape):
@@ -231,7 +286,8 @@ def check_impl(
         err = float((out.float() - ref.float()).abs().max().item())
         err = err if math.isfinite(err) else math.inf
     if not err <= atol:
-        detail = f"max abs error {err:.3e} > {atol:g} vs PyTorch SDPA{shape_note}"
+        against = "PyTorch SDPA" if cfg.feature == "dense" else "flashcute.reference (fp32)"
+        detail = f"max abs error {err:.3e} > {atol:g} vs {against}{shape_note}"
         raise CheckError(
             f"--check failed: {impl} on {cfg.label}: {detail}; refusing to benchmark a "
             f"kernel that gives wrong results",
@@ -242,6 +298,8 @@ def check_impl(
 def _progress_label(cfg: BenchConfig) -> str:
     """The configuration, briefly, for the progress bar."""
     mask = "causal" if cfg.causal else "full"
+    if cfg.feature != "dense":
+        mask += f" {feature_label(cfg.window, cfg.softcap)}"
     if cfg.seqlen_k == cfg.seqlen and cfg.nheads_kv == cfg.nheads:
         return f"hdim={cfg.hdim} {mask} s={cfg.seqlen}"
     return (f"{cfg.batch},{cfg.seqlen},{cfg.seqlen_k},{cfg.nheads},{cfg.nheads_kv},{cfg.hdim} "
@@ -260,7 +318,9 @@ def run_benchmark(
     first compared against SDPA on each configuration: a flashcute mismatch
     raises :class:`CheckError`; a FlashAttention-3 mismatch drops it from that
     configuration with a note (a baseline that computes something else is not
-    timed, and does not stop flashcute's run).
+    timed, and does not stop flashcute's run).  Configurations with a window or
+    softcap run flashcute only (:func:`~.impls.feature_skip_reason`); their
+    ``--check`` reference is :func:`feature_reference`.
     """
     import torch  # noqa: PLC0415
 
@@ -271,13 +331,16 @@ def run_benchmark(
         runnable: list[str] = []
         for impl in impls:
             progress.set_postfix_str(f"{impl} {_progress_label(cfg)}")
-            reason = impl_skip_reason(impl, cfg.hdim, cfg.dtype, build_info, capability)
+            reason = feature_skip_reason(impl, cfg.window, cfg.softcap) or impl_skip_reason(
+                impl, cfg.hdim, cfg.dtype, build_info, capability)
             if reason is None and check and impl in FLASHCUTE_IMPLS + FA3_IMPLS:
                 try:
                     if ref is None:
-                        ref = reference_output(q, k, v, cfg.causal)
+                        ref = reference_output(q, k, v, cfg.causal, window=cfg.window,
+                                               softcap=cfg.softcap)
                 except Exception as exc:  # noqa: BLE001 - nothing to check against
-                    reason = (f"{impl} skipped on {cfg.label}: --check's SDPA reference failed "
+                    what = "SDPA reference" if cfg.feature == "dense" else "reference"
+                    reason = (f"{impl} skipped on {cfg.label}: --check's {what} failed "
                               f"({short_error(exc)})")
                 else:
                     try:
