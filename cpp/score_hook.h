@@ -33,11 +33,13 @@ struct ScoreHook {
   }
   CUTE_HOST_DEVICE bool active() const { return softcap_in != 0.f; }
 
+  CUTE_DEVICE float score(float raw) const { return softcap_out * fast_tanh(softcap_in * raw); }
+
   // Raw scores of a block, in place (any view of the thread's fragment).
   template <class Scores>
   CUTE_DEVICE void apply(Scores& scores) const {
     CUTE_UNROLL
-    for (int i = 0; i < cute::size(scores); ++i) scores(i) = softcap_out * fast_tanh(softcap_in * scores(i));
+    for (int i = 0; i < cute::size(scores); ++i) scores(i) = score(scores(i));
   }
 
   // The backward's chain factor d(hooked score)/d(raw score) = 1 - tanh², recovered from the

@@ -82,9 +82,9 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
   const int row0 = m_block * kBlockM;
   const int seqlen_q = params.seqlen_q;
   const int seqlen_k = params.seqlen_k;
-  const MaskPolicy mask = MaskPolicy::of(params);
-  const ScoreHook hook = ScoreHook::of(params);
-  const KeyBlockRange range = key_block_range<kBlockN>(mask, row0, kBlockM);
+  // Mask and hook are read from the kernel parameters where used (constant bank operands),
+  // not held in registers: the kernels run at the register cap.
+  const KeyBlockRange range = key_block_range<kBlockN>(MaskPolicy::of(params), row0, kBlockM);
 
   const Element* q_base = static_cast<const Element*>(params.q) + batch * params.q_batch_stride +
                           head * params.q_head_stride + int64_t(row0) * params.q_row_stride;
@@ -190,9 +190,9 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
                                                thr_copy_b.partition_S(sK), thr_copy_b.retile_D(tSrK),
                                                tiled_mma, copy_a, copy_b);
     Tensor acc_s_rc = rowcol_view(acc_s);
-    if (hook.active()) hook.apply(acc_s);
+    if (ScoreHook::of(params).active()) ScoreHook::of(params).apply(acc_s);
     if (range.needs_mask(n_block))  // warp-uniform
-      mask.apply(acc_s_rc, score_offsets_rc, thread_row, n_block * kBlockN + thread_col);
+      MaskPolicy::of(params).apply(acc_s_rc, score_offsets_rc, thread_row, n_block * kBlockN + thread_col);
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       CUTE_UNROLL
@@ -212,12 +212,12 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
       for (int c = 0; c < size<1>(acc_dp_rc); ++c)
         acc_dp_rc(r, c) = acc_s_rc(r, c) * (acc_dp_rc(r, c) - row_dot[r]);
     }
-    if (hook.active()) {
+    if (ScoreHook::of(params).active()) {
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
         CUTE_UNROLL
         for (int c = 0; c < size<1>(acc_dp_rc); ++c)
-          acc_dp_rc(r, c) *= hook.grad_factor(acc_s_rc(r, c), lse_log2[r], 1.f / scale_log2);
+          acc_dp_rc(r, c) *= ScoreHook::of(params).grad_factor(acc_s_rc(r, c), lse_log2[r], 1.f / params.scale_log2);
       }
     }
 

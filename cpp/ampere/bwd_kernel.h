@@ -14,8 +14,8 @@
 //   (bwd_dq_kernel.h), which recomputes S and dP: seven GEMMs per block pair, but every
 //   gradient summed in a fixed order.
 // Query blocks on the mask's edges (causal diagonal, window sides, seqlen_k tail; mask.h) apply
-// the mask; the rest skip it with one warp-uniform branch. The score hook (softcap) runs on S
-// before the mask, and its chain factor on dS. (The loop body is written out, not a lambda: a
+// the mask; the rest skip it with one warp-uniform branch. With kSoftcap the score hook runs on
+// S (score_hook.h), and its chain factor on dS. (The loop body is written out, not a lambda: a
 // lambda too large to inline would put the by-reference accumulators in local memory.)
 #pragma once
 
@@ -38,7 +38,7 @@
 
 namespace flashcute::ampere {
 
-template <class Traits, bool kAddDq>
+template <class Traits, bool kAddDq, bool kSoftcap>
 CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   using namespace cute;
   using Element = typename Traits::Element;
@@ -67,9 +67,9 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   const int n0 = n_block * kBlockN;
   const int seqlen_q = params.seqlen_q;
   const int seqlen_k = params.seqlen_k;
-  const MaskPolicy mask = MaskPolicy::of(params);
-  const ScoreHook hook = ScoreHook::of(params);
-  const QueryBlockRange range = query_block_range<kBlockM, kBlockN>(mask, n0);
+  // Mask and hook are read from the kernel parameters where used (constant bank operands),
+  // not held in registers: the kernels run at the register cap.
+  const QueryBlockRange range = query_block_range<kBlockM, kBlockN>(MaskPolicy::of(params), n0);
   const int head_first = kv_head * params.heads_per_kv;
   const int head_end = head_first + params.heads_per_kv;
 
@@ -229,9 +229,9 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
       gemm_from_smem<false, FLASHCUTE_AMPERE_BWD_LOOKAHEAD != 0>(acc_s, tSrQ, tSrK, thr_copy_a_sdp.partition_S(sQ), thr_copy_a_sdp.retile_D(tSrQ),
                                    tSsK, thr_copy_b_sdp.retile_D(tSrK), mma_sdp, copy_a_sdp, copy_b_sdp);
       Tensor acc_s_rc = rowcol_view(acc_s);
-      if (hook.active()) hook.apply(acc_s);
+      if constexpr (kSoftcap) ScoreHook::of(params).apply(acc_s);
       if (range.needs_mask(m))  // warp-uniform: the bulk skips the mask
-        mask.apply(acc_s_rc, score_offsets_rc, thread_row, n0 + get<1>(tScS(0)));
+        MaskPolicy::of(params).apply(acc_s_rc, score_offsets_rc, thread_row, n0 + get<1>(tScS(0)));
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
         CUTE_UNROLL
@@ -239,10 +239,19 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
           acc_s_rc(r, c) = fast_exp2(fmaf(acc_s_rc(r, c), scale_log2, -lse_log2[r]));
       }
 
-      // P goes to shared memory now. dS needs it again after dP = dO·Vᵀ: it waits as fp16
-      // pairs, half the registers of fp32 (which spilled at the 255-register cap). P is in
+      // P goes to shared memory now. dS needs it again after dP = dO·Vᵀ (with softcap, times the
+      // hook's factor): it waits as fp16 pairs, half the registers of fp32 (which spilled at the 255-register cap). P is in
       // [0, 1], so fp16 keeps it to 2^-11 relative, finer than dS's own rounding to Element.
       copy(copy_p, thr_copy_p.retile_S(convert_fragment<Element>(acc_s)), tPsP);
+      if constexpr (kSoftcap) {
+        // dS takes the hook's chain factor with P: the fp16 copy below holds P times it.
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          CUTE_UNROLL
+          for (int c = 0; c < size<1>(acc_s_rc); ++c)
+            acc_s_rc(r, c) *= ScoreHook::of(params).grad_factor(acc_s_rc(r, c), lse_log2[r], 1.f / scale_log2);
+        }
+      }
       Tensor p_half = convert_fragment<cutlass::half_t>(acc_s);
       Tensor p_half_rc = rowcol_view(p_half);
       if constexpr (kRowDotAfterS) read_row_dot();
@@ -257,18 +266,6 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
         CUTE_UNROLL
         for (int c = 0; c < size<1>(acc_dp_rc); ++c)
           acc_dp_rc(r, c) = float(p_half_rc(r, c)) * (acc_dp_rc(r, c) - row_dot[r]);
-      }
-      if (hook.active()) {
-        // The lse is read again rather than kept live across the dP GEMM (registers).
-        CUTE_UNROLL
-        for (int r = 0; r < kRows; ++r) {
-          const int row = thread_row + get<0>(score_offsets_rc(r, 0));
-          const float lse = row < seqlen_q ? lse_base[row] : INFINITY;
-          const float row_lse_log2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
-          CUTE_UNROLL
-          for (int c = 0; c < size<1>(acc_dp_rc); ++c)
-            acc_dp_rc(r, c) *= hook.grad_factor(float(p_half_rc(r, c)), row_lse_log2, 1.f / scale_log2);
-        }
       }
 
       copy(copy_p, thr_copy_p.retile_S(convert_fragment<Element>(acc_dp)), tPsdS);
@@ -346,14 +343,16 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   }
 }
 
-// One kernel symbol per (dtype, head dim, dQ design); tile shapes follow the code generation
-// it was compiled for (see bwd_config.h).
-template <class Element, int kHeadDim, bool kAddDq>
+// One kernel symbol per (dtype, head dim, dQ design, softcap); tile shapes follow the code
+// generation it was compiled for (see bwd_config.h). This kernel sits at the register cap, where
+// a runtime softcap branch made ptxas spill: softcap is a template switch here, compiled with
+// the atomic-free design only (run_bwd).
+template <class Element, int kHeadDim, bool kAddDq, bool kSoftcap = false>
 __global__ void __launch_bounds__(
     BwdTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type::kNThreads, 1)
     bwd_kernel(__grid_constant__ const BwdKernelParams params, int pair_begin) {
 #if defined(__CUDA_ARCH__)
-  bwd_block<typename BwdTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type, kAddDq>(params,
+  bwd_block<typename BwdTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type, kAddDq, kSoftcap>(params,
                                                                                                  pair_begin);
 #endif
 }

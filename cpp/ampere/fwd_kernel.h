@@ -68,9 +68,9 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
   const int seqlen_q = params.seqlen_q;
   const int seqlen_k = params.seqlen_k;
 
-  const MaskPolicy mask = MaskPolicy::of(params);
-  const ScoreHook hook = ScoreHook::of(params);
-  const KeyBlockRange range = key_block_range<kBlockN>(mask, row0, kBlockM);
+  // Mask and hook are read from the kernel parameters where used (constant bank operands),
+  // not held in registers: the kernels run at the register cap.
+  const KeyBlockRange range = key_block_range<kBlockN>(MaskPolicy::of(params), row0, kBlockM);
   const int n_begin = range.n_begin;
 
   const Element* q_base = static_cast<const Element*>(params.q) + batch * params.q_batch_stride +
@@ -183,9 +183,9 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
                                      smem_thr_copy_k.partition_S(sK), tSrK_view, tiled_mma,
                                      smem_copy_q, smem_copy_k);
     Tensor acc_s_rc = rowcol_view(acc_s);
-    if (hook.active()) hook.apply(acc_s);
+    if (ScoreHook::of(params).active()) ScoreHook::of(params).apply(acc_s);
     if constexpr (decltype(masked)::value)
-      mask.apply(acc_s_rc, score_offsets_rc, thread_row, n_block * kBlockN + thread_col);
+      MaskPolicy::of(params).apply(acc_s_rc, score_offsets_rc, thread_row, n_block * kBlockN + thread_col);
     softmax.update(acc_s_rc, acc_o_rc);
 
     Tensor scores_a = make_tensor(acc_s.data(), acc_to_a_operand_layout(acc_s.layout()));
@@ -194,9 +194,13 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
     stage = stage + 1 == kStages ? 0 : stage + 1;
   };
 
-  for (; n >= n_begin && n >= range.n_unmasked; --n) process_block(n, cute::true_type{});
-  for (; n >= n_begin && n >= range.n_unmasked_begin; --n) process_block(n, cute::false_type{});
-  for (; n >= n_begin; --n) process_block(n, cute::true_type{});
+  // Masked blocks on the right edge, the unmasked bulk, then (second pass) masked blocks on
+  // the left edge: one call site per variant, so both stay inlined (a lambda left out of line
+  // would put the by-reference accumulators in local memory).
+  for (int masked_end = cute::max(n_begin, range.n_unmasked); n >= n_begin; masked_end = n_begin) {
+    for (; n >= masked_end; --n) process_block(n, cute::true_type{});
+    for (; n >= n_begin && n >= range.n_unmasked_begin; --n) process_block(n, cute::false_type{});
+  }
 
   // Epilogue: normalize, stage O through shared memory for 16-byte row stores, write LSE.
   float lse[kRows];
