@@ -40,6 +40,11 @@ struct MaskPolicy {
     if (bounds_left()) apply_rows<true>(scores_rc, offsets_rc, row_base, col_base);
     else apply_rows<false>(scores_rc, offsets_rc, row_base, col_base);
   }
+  // The same for a kernel compiled for one case: kLeft false when bounds_left() is known false.
+  template <bool kLeft, class Scores, class Offsets>
+  CUTE_DEVICE void apply_sides(Scores& scores_rc, Offsets const& offsets_rc, int row_base, int col_base) const {
+    apply_rows<kLeft>(scores_rc, offsets_rc, row_base, col_base);
+  }
 
   // The same rule on transposed scores (rows are keys, columns query rows), as the backward's
   // key-major tiles hold them.
@@ -129,30 +134,54 @@ struct QueryBlockRange {
     const int j = i + start;
     return begin + (j < count() ? j : j - count());
   }
-  CUTE_HOST_DEVICE bool needs_mask(int m) const { return m < masked_end || m >= unmasked_end; }
+  // left_side false: a mask known to have no left side (unmasked_end == end), one comparison.
+  CUTE_HOST_DEVICE bool needs_mask(int m, bool left_side = true) const {
+    return m < masked_end || (left_side && m >= unmasked_end);
+  }
 };
 
-template <int kBlockM, int kBlockN>
+// kLeftSide false: for a mask known to have no left side (!mask.bounds_left()), the same
+// ranges in a form whose bounds ptxas recomputes from the call's constants instead of keeping
+// them live (a kernel at the register cap spilled with the general form).
+template <int kBlockM, int kBlockN, bool kLeftSide = true>
 CUTE_HOST_DEVICE QueryBlockRange query_block_range(MaskPolicy const& mask, int n0) {
-  const int key_last = cute::min(n0 + kBlockN, mask.seqlen_k) - 1;
-  // Rows that see key j: [j - offset - right, j - offset + left].
-  const int row_first = cute::max(0, n0 - mask.offset() - mask.right);
-  const int row_last = cute::min(mask.seqlen_q - 1, key_last - mask.offset() + mask.left);
-  if (key_last < n0 || row_last < row_first) return QueryBlockRange{0, 0, 0, 0, 0};
-  const int begin = row_first / kBlockM;
-  const int end = row_last / kBlockM + 1;
-  int masked_end = end, unmasked_end = end;  // the seqlen_k tail: every block masks the missing keys
-  if (n0 + kBlockN <= mask.seqlen_k) {
-    // Rows that see all of the block's keys: from the first that sees its last key to the last
-    // that sees its first key.
-    const int full_first = n0 + kBlockN - 1 - mask.offset() - mask.right;
-    const int full_last = n0 - mask.offset() + mask.left;
-    masked_end = clamp_int(full_first <= 0 ? begin : ceil_div_int(full_first, kBlockM), begin, end);
-    unmasked_end = clamp_int(full_last >= mask.seqlen_q - 1 ? end : (full_last + 1) / kBlockM, masked_end, end);
+  const int offset = mask.offset();
+  if constexpr (!kLeftSide) {
+    const bool right_side = mask.right < mask.seqlen_q;  // rows before the band see none of the keys
+    const int end = ceil_div_int(mask.seqlen_q, kBlockM);
+    const int begin = right_side ? cute::min(end, cute::max(0, n0 - offset - mask.right) / kBlockM) : 0;
+    int masked_end = begin;
+    if (n0 + kBlockN > mask.seqlen_k) {
+      masked_end = end;
+    } else if (right_side) {
+      const int full_first = n0 + kBlockN - 1 - offset - mask.right;
+      if (full_first > 0) masked_end = cute::min(end, ceil_div_int(full_first, kBlockM));
+      masked_end = cute::max(masked_end, begin);
+    }
+    const int window = end - begin < kQueryBlockWindow ? end - begin : kQueryBlockWindow;
+    const int start = right_side || window <= 1 ? 0 : (n0 / kBlockN) % window;
+    return QueryBlockRange{begin, masked_end, end, end, start};
+  } else {
+    const int key_last = cute::min(n0 + kBlockN, mask.seqlen_k) - 1;
+    // Rows that see key j: [j - offset - right, j - offset + left].
+    const int row_first = cute::max(0, n0 - offset - mask.right);
+    const int row_last = cute::min(mask.seqlen_q - 1, key_last - offset + mask.left);
+    if (key_last < n0 || row_last < row_first) return QueryBlockRange{0, 0, 0, 0, 0};
+    const int begin = row_first / kBlockM;
+    const int end = row_last / kBlockM + 1;
+    int masked_end = end, unmasked_end = end;  // the seqlen_k tail: every block masks the missing keys
+    if (n0 + kBlockN <= mask.seqlen_k) {
+      // Rows that see all of the block's keys: from the first that sees its last key to the
+      // last that sees its first key.
+      const int full_first = n0 + kBlockN - 1 - offset - mask.right;
+      const int full_last = n0 - offset + mask.left;
+      masked_end = clamp_int(full_first <= 0 ? begin : ceil_div_int(full_first, kBlockM), begin, end);
+      unmasked_end = clamp_int(full_last >= mask.seqlen_q - 1 ? end : (full_last + 1) / kBlockM, masked_end, end);
+    }
+    const int window = end - begin < kQueryBlockWindow ? end - begin : kQueryBlockWindow;
+    const int start = mask.banded() || window <= 1 ? 0 : (n0 / kBlockN) % window;
+    return QueryBlockRange{begin, masked_end, unmasked_end, end, start};
   }
-  const int window = end - begin < kQueryBlockWindow ? end - begin : kQueryBlockWindow;
-  const int start = mask.banded() || window <= 1 ? 0 : (n0 / kBlockN) % window;
-  return QueryBlockRange{begin, masked_end, unmasked_end, end, start};
 }
 
 }  // namespace flashcute

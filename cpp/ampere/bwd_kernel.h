@@ -14,8 +14,9 @@
 //   (bwd_dq_kernel.h), which recomputes S and dP: seven GEMMs per block pair, but every
 //   gradient summed in a fixed order.
 // Query blocks on the mask's edges (causal diagonal, window sides, seqlen_k tail; mask.h) apply
-// the mask; the rest skip it with one warp-uniform branch. With kSoftcap the score hook runs on
-// S (score_hook.h), and its chain factor on dS. (The loop body is written out, not a lambda: a
+// the mask; the rest skip it with one warp-uniform branch. Without kGeneral, the mask has no left
+// side (dense, causal, a window's right side); with it, also the left side, and the score hook
+// runs on S (score_hook.h) with its chain factor on dS. (The loop body is written out, not a lambda: a
 // lambda too large to inline would put the by-reference accumulators in local memory.)
 #pragma once
 
@@ -38,7 +39,7 @@
 
 namespace flashcute::ampere {
 
-template <class Traits, bool kAddDq, bool kSoftcap>
+template <class Traits, bool kAddDq, bool kGeneral>
 CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   using namespace cute;
   using Element = typename Traits::Element;
@@ -69,7 +70,8 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   const int seqlen_k = params.seqlen_k;
   // Mask and hook are read from the kernel parameters where used (constant bank operands),
   // not held in registers: the kernels run at the register cap.
-  const QueryBlockRange range = query_block_range<kBlockM, kBlockN>(MaskPolicy::of(params), n0);
+  const MaskPolicy mask = MaskPolicy::of(params);
+  const QueryBlockRange range = query_block_range<kBlockM, kBlockN, kGeneral>(mask, n0);
   const int head_first = kv_head * params.heads_per_kv;
   const int head_end = head_first + params.heads_per_kv;
 
@@ -229,9 +231,11 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
       gemm_from_smem<false, FLASHCUTE_AMPERE_BWD_LOOKAHEAD != 0>(acc_s, tSrQ, tSrK, thr_copy_a_sdp.partition_S(sQ), thr_copy_a_sdp.retile_D(tSrQ),
                                    tSsK, thr_copy_b_sdp.retile_D(tSrK), mma_sdp, copy_a_sdp, copy_b_sdp);
       Tensor acc_s_rc = rowcol_view(acc_s);
-      if constexpr (kSoftcap) ScoreHook::of(params).apply(acc_s);
-      if (range.needs_mask(m))  // warp-uniform: the bulk skips the mask
-        MaskPolicy::of(params).apply(acc_s_rc, score_offsets_rc, thread_row, n0 + get<1>(tScS(0)));
+      if constexpr (kGeneral) {
+        if (ScoreHook::of(params).active()) ScoreHook::of(params).apply(acc_s);
+      }
+      if (range.needs_mask(m, kGeneral))  // warp-uniform: the bulk skips the mask
+        mask.apply_sides<kGeneral>(acc_s_rc, score_offsets_rc, thread_row, n0 + get<1>(tScS(0)));
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
         CUTE_UNROLL
@@ -243,8 +247,9 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
       // hook's factor): it waits as fp16 pairs, half the registers of fp32 (which spilled at the 255-register cap). P is in
       // [0, 1], so fp16 keeps it to 2^-11 relative, finer than dS's own rounding to Element.
       copy(copy_p, thr_copy_p.retile_S(convert_fragment<Element>(acc_s)), tPsP);
-      if constexpr (kSoftcap) {
-        // dS takes the hook's chain factor with P: the fp16 copy below holds P times it.
+      if constexpr (kGeneral) {
+        // dS takes the hook's chain factor with P: the fp16 copy below holds P times it (a
+        // factor of 1 without softcap, where softcap_in is 0; no branch, for registers).
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) {
           CUTE_UNROLL
@@ -343,16 +348,16 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   }
 }
 
-// One kernel symbol per (dtype, head dim, dQ design, softcap); tile shapes follow the code
+// One kernel symbol per (dtype, head dim, dQ design, general); tile shapes follow the code
 // generation it was compiled for (see bwd_config.h). This kernel sits at the register cap, where
-// a runtime softcap branch made ptxas spill: softcap is a template switch here, compiled with
-// the atomic-free design only (run_bwd).
-template <class Element, int kHeadDim, bool kAddDq, bool kSoftcap = false>
+// runtime branches for softcap and a window's left side made ptxas spill: they are a template
+// switch here (kGeneral), compiled with the atomic-free design only (run_bwd).
+template <class Element, int kHeadDim, bool kAddDq, bool kGeneral = false>
 __global__ void __launch_bounds__(
     BwdTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type::kNThreads, 1)
     bwd_kernel(__grid_constant__ const BwdKernelParams params, int pair_begin) {
 #if defined(__CUDA_ARCH__)
-  bwd_block<typename BwdTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type, kAddDq, kSoftcap>(params,
+  bwd_block<typename BwdTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type, kAddDq, kGeneral>(params,
                                                                                                  pair_begin);
 #endif
 }

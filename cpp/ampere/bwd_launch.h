@@ -75,18 +75,18 @@ Status launch_bwd_chunk(Kernel kernel, const BwdKernelParams& params, int pair_b
 
 template <class Element, int kHeadDim>
 Status run_bwd(const BwdKernelParams& call, cudaStream_t stream) {
-  // Softcap runs the atomic-free design (bwd_kernel.h), whose dQ pass takes the hook at no
-  // register cost: the call then leaves dq_accum unused.
-  const bool softcap = call.softcap_in != 0.f;
+  // Softcap and a window's left side take the general dK/dV kernel (bwd_kernel.h) with the
+  // atomic-free design, whose dQ pass handles them at no register cost: dq_accum stays unused.
+  const bool general = call.softcap_in != 0.f || MaskPolicy::of(call).bounds_left();
   BwdKernelParams params = call;
-  if (softcap) params.dq_accum = nullptr;
+  if (general) params.dq_accum = nullptr;
   using Traits90 = typename BwdTraitsFor<Element, kHeadDim, 90>::type;
   using Traits80 = typename BwdTraitsFor<Element, kHeadDim, 80>::type;
   using DqTraits90 = typename BwdDqTraitsFor<Element, kHeadDim, 90>::type;
   using DqTraits80 = typename BwdDqTraitsFor<Element, kHeadDim, 80>::type;
   auto add_dq_kernel = &bwd_kernel<Element, kHeadDim, true>;
   auto dkv_kernel = &bwd_kernel<Element, kHeadDim, false>;
-  auto softcap_dkv_kernel = &bwd_kernel<Element, kHeadDim, false, true>;
+  auto general_dkv_kernel = &bwd_kernel<Element, kHeadDim, false, true>;
   auto dq_kernel = &bwd_dq_kernel<Element, kHeadDim>;
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return cuda_status(err, "cudaGetDevice");
@@ -100,7 +100,7 @@ Status run_bwd(const BwdKernelParams& call, cudaStream_t stream) {
     if (cudaError_t err = cudaFuncGetAttributes(&attributes, dkv_kernel); err != cudaSuccess)
       return cuda_status(err, "cudaFuncGetAttributes (no kernel image for this GPU?)");
     arch = attributes.ptxVersion >= 90 ? 90 : 80;
-    for (auto kernel : {add_dq_kernel, dkv_kernel, softcap_dkv_kernel}) {
+    for (auto kernel : {add_dq_kernel, dkv_kernel, general_dkv_kernel}) {
       const Status prepared = arch == 90 ? prepare_bwd<Traits90>(kernel, device)
                                          : prepare_bwd<Traits80>(kernel, device);
       if (!prepared.ok()) return prepared;
@@ -124,7 +124,7 @@ Status run_bwd(const BwdKernelParams& call, cudaStream_t stream) {
                                                             /*lse_log2=*/false, /*dq_accum=*/true)
                                                   .chunk_pairs)
                            : pairs;  // one launch over (key blocks, kv heads, batch)
-  auto kernel = add_dq ? add_dq_kernel : softcap ? softcap_dkv_kernel : dkv_kernel;
+  auto kernel = add_dq ? add_dq_kernel : general ? general_dkv_kernel : dkv_kernel;
   for (int pair_begin = 0; pair_begin < pairs; pair_begin += chunk) {
     const int count = std::min(chunk, pairs - pair_begin);
     const Status launched = arch == 90 ? launch_bwd_chunk<Traits90>(kernel, params, pair_begin, count, stream)

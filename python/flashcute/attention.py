@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from types import ModuleType
 from typing import Any, Optional, Sequence
 
@@ -20,9 +19,21 @@ from ._validate import (
 )
 
 
+def _is_torch_type(x: Any) -> bool:
+    return type(x).__module__.partition(".")[0] == "torch"
+
+
 def _torch_tensors(*xs: Any) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and all(isinstance(x, torch.Tensor) for x in xs)
+    """Whether every x is a torch.Tensor, without importing torch for other arrays.
+
+    The type's module is checked first and torch is then imported by a plain statement: code
+    that torch.compile traces must not read ``sys.modules`` (dynamo wraps the whole dict, which
+    compile workers importing at the same time change under it)."""
+    if not all(_is_torch_type(x) for x in xs):
+        return False
+    import torch
+
+    return all(isinstance(x, torch.Tensor) for x in xs)
 
 
 def _torch_route() -> ModuleType:
@@ -36,8 +47,11 @@ def _torch_route() -> ModuleType:
 
 
 def _refuse_grad_with_out(q: Any, k: Any, v: Any, out: Any) -> None:
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.is_grad_enabled():
+    if not any(_is_torch_type(x) for x in (q, k, v, out)):
+        return
+    import torch
+
+    if not torch.is_grad_enabled():
         return
     needs_grad = [n for n, x in (("q", q), ("k", k), ("v", v), ("out", out))
                   if isinstance(x, torch.Tensor) and x.requires_grad]
