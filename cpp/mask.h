@@ -40,11 +40,27 @@ struct MaskPolicy {
     if (bounds_left()) apply_rows<true>(scores_rc, offsets_rc, row_base, col_base);
     else apply_rows<false>(scores_rc, offsets_rc, row_base, col_base);
   }
-  // The same for a kernel compiled for one case: kLeft false when bounds_left() is known false.
-  template <bool kLeft, class Scores, class Offsets>
+  // The same for a kernel compiled for one case: kGeneral false where the mask is known to be
+  // dense or causal (causal(): right == 0, else unbounded; no left side), in the form a kernel at
+  // the register cap compiles without spills.
+  template <bool kGeneral, class Scores, class Offsets>
   CUTE_DEVICE void apply_sides(Scores& scores_rc, Offsets const& offsets_rc, int row_base, int col_base) const {
-    apply_rows<kLeft>(scores_rc, offsets_rc, row_base, col_base);
+    if constexpr (kGeneral) {
+      apply_rows<true>(scores_rc, offsets_rc, row_base, col_base);
+    } else {
+      CUTE_UNROLL
+      for (int r = 0; r < cute::size<0>(scores_rc); ++r) {
+        const int row = row_base + cute::get<0>(offsets_rc(r, 0));
+        const int limit = (causal() ? cute::min(seqlen_k, row + offset() + 1) : seqlen_k) - col_base;
+        CUTE_UNROLL
+        for (int c = 0; c < cute::size<1>(scores_rc); ++c)
+          if (cute::get<1>(offsets_rc(r, c)) >= limit) scores_rc(r, c) = -INFINITY;
+      }
+    }
   }
+  CUTE_HOST_DEVICE bool causal() const { return right == 0; }
+  // Dense or causal: no left side, and the right side at the diagonal or unbounded.
+  CUTE_HOST_DEVICE bool dense_or_causal() const { return !bounds_left() && (right == 0 || right >= seqlen_q); }
 
   // The same rule on transposed scores (rows are keys, columns query rows), as the backward's
   // key-major tiles hold them.
@@ -140,21 +156,21 @@ struct QueryBlockRange {
   }
 };
 
-// kLeftSide false: for a mask known to have no left side (!mask.bounds_left()), the same
+// kGeneral false: for a mask known to be dense or causal (mask.dense_or_causal()), the same
 // ranges in a form whose bounds ptxas recomputes from the call's constants instead of keeping
 // them live (a kernel at the register cap spilled with the general form).
-template <int kBlockM, int kBlockN, bool kLeftSide = true>
+template <int kBlockM, int kBlockN, bool kGeneral = true>
 CUTE_HOST_DEVICE QueryBlockRange query_block_range(MaskPolicy const& mask, int n0) {
   const int offset = mask.offset();
-  if constexpr (!kLeftSide) {
-    const bool right_side = mask.right < mask.seqlen_q;  // rows before the band see none of the keys
+  if constexpr (!kGeneral) {
+    const bool right_side = mask.causal();
     const int end = ceil_div_int(mask.seqlen_q, kBlockM);
-    const int begin = right_side ? cute::min(end, cute::max(0, n0 - offset - mask.right) / kBlockM) : 0;
+    const int begin = right_side ? cute::min(end, cute::max(0, n0 - offset) / kBlockM) : 0;
     int masked_end = begin;
     if (n0 + kBlockN > mask.seqlen_k) {
       masked_end = end;
     } else if (right_side) {
-      const int full_first = n0 + kBlockN - 1 - offset - mask.right;
+      const int full_first = n0 + kBlockN - 1 - offset;
       if (full_first > 0) masked_end = cute::min(end, ceil_div_int(full_first, kBlockM));
       masked_end = cute::max(masked_end, begin);
     }

@@ -24,7 +24,7 @@
 
 namespace flashcute::hopper {
 
-template <class Traits, bool kDeferDq>
+template <class Traits, bool kDeferDq, bool kSoftcap>
 CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::SharedStorage& storage,
                              typename Traits::PipelineQ& pipeline_q, typename Traits::PipelineDo& pipeline_do,
                              int consumer, BwdTile const& tile) {
@@ -166,7 +166,7 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
     }
     warpgroup_wait<1>();  // Sᵀ
     Tensor s_rc = rowcol_view(acc_s);
-    if (hook.active()) hook.apply(acc_s);
+    if constexpr (kSoftcap) hook.apply(acc_s);
     if (range.needs_mask(m))  // warp-uniform: the bulk skips the mask
       mask.apply_transposed(s_rc, offsets_rc, key0 + thread_key, m * kBlockM + thread_col);
     CUTE_UNROLL
@@ -192,7 +192,7 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
       CUTE_UNROLL
       for (int r = 0; r < size<0>(dp_rc); ++r) dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - dot);
     }
-    if (hook.active()) {
+    if constexpr (kSoftcap) {
       CUTE_UNROLL
       for (int c = 0; c < kCols; ++c) {
         const float lse = lse_log2[get<1>(offsets_rc(0, c))];

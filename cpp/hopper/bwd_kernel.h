@@ -29,7 +29,9 @@ CUTE_DEVICE Pipeline make_bwd_pipeline(typename Pipeline::SharedStorage& storage
   return Pipeline(storage, params, cute::Shape<cute::_1, cute::_1, cute::_1>{});
 }
 
-template <class Traits, bool kDeferDq = false>
+// kSoftcap: the score hook compiled in (a runtime branch cost 1.5-4 % of the dense backward at
+// hd 128, short sequences; H200, benchmarks/results/README.md).
+template <class Traits, bool kDeferDq = false, bool kSoftcap = false>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     bwd_kernel(__grid_constant__ const BwdParams<Traits> params) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -66,9 +68,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
     if constexpr (Traits::kSplitsHeadDim)
-      consume_bwd_wide<Traits>(params, storage, pipeline_q, pipeline_do, warp_group - 1, tile);
+      consume_bwd_wide<Traits, kSoftcap>(params, storage, pipeline_q, pipeline_do, warp_group - 1, tile);
     else
-      consume_bwd<Traits, kDeferDq>(params, storage, pipeline_q, pipeline_do, warp_group - 1, tile);
+      consume_bwd<Traits, kDeferDq, kSoftcap>(params, storage, pipeline_q, pipeline_do, warp_group - 1, tile);
   }
 #endif
 }

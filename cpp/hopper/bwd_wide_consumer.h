@@ -24,7 +24,7 @@
 
 namespace flashcute::hopper {
 
-template <class Traits>
+template <class Traits, bool kSoftcap>
 CUTE_DEVICE void consume_bwd_wide(BwdParams<Traits> const& params, typename Traits::SharedStorage& storage,
                                   typename Traits::PipelineQ& pipeline_q, typename Traits::PipelineDo& pipeline_do,
                                   int consumer, BwdTile const& tile) {
@@ -144,7 +144,7 @@ CUTE_DEVICE void consume_bwd_wide(BwdParams<Traits> const& params, typename Trai
       ++q_release;
     }
     Tensor s_rc = rowcol_view(acc_s);
-    if (hook.active()) hook.apply(acc_s);
+    if constexpr (kSoftcap) hook.apply(acc_s);
     if (range.needs_mask(m))  // warp-uniform: the bulk skips the mask
       mask.apply(s_rc, offsets_rc, m * kBlockM + thread_row, key0 + thread_key);
     CUTE_UNROLL
@@ -166,7 +166,7 @@ CUTE_DEVICE void consume_bwd_wide(BwdParams<Traits> const& params, typename Trai
       CUTE_UNROLL
       for (int c = 0; c < size<1>(dp_rc); ++c) dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - dot_rows[r]);
     }
-    if (hook.active()) {
+    if constexpr (kSoftcap) {
       CUTE_UNROLL
       for (int r = 0; r < kScoreRows; ++r) {
         const float lse = lse_log2[get<0>(offsets_rc(r, 0))];
