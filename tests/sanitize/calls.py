@@ -5,8 +5,8 @@
 FAMILY is one of ampere-fwd, hopper-fwd, ampere-bwd, ampere-bwd-deterministic, hopper-bwd.
 The backward families take out and lse from a forward on the given path (``--forward-from``,
 default: the same path), so that a report can be told apart from the forward's own writes.
-Shapes: bf16 and fp16, head dims 64 and 128, GQA 2:1, causal and not, odd lengths with
-seqlen_q != seqlen_k.
+Shapes: bf16 and fp16, head dims 64 and 128, GQA 2:1, causal and not, each without and with
+a sliding window and softcap, odd lengths with seqlen_q != seqlen_k.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import flashcute
 
 FAMILIES = ("ampere-fwd", "hopper-fwd", "ampere-bwd", "ampere-bwd-deterministic", "hopper-bwd")
 SHAPES = ((1, 129, 129), (2, 333, 129), (1, 65, 333))  # (batch, seqlen_q, seqlen_k)
+MASKS = ({}, {"window": (40, 17), "softcap": 20.0})  # dense, and both features
 
 
 def _calls(family: str, forward_from: str | None) -> int:
@@ -34,20 +35,20 @@ def _calls(family: str, forward_from: str | None) -> int:
             if headdim not in head_dims:
                 continue
             for batch, seqlen_q, seqlen_k in SHAPES:
-                for causal in (False, True):
+                for causal, mask in ((c, m) for c in (False, True) for m in MASKS):
                     def rand(s: int, h: int) -> torch.Tensor:
                         return torch.randn(batch, s, h, headdim, device="cuda", dtype=dtype,
                                            generator=gen)
 
                     q, k, v = rand(seqlen_q, 4), rand(seqlen_k, 2), rand(seqlen_k, 2)
                     if "fwd" in family:
-                        flashcute.attention(q, k, v, causal=causal, return_lse=True, backend=path)
+                        flashcute.attention(q, k, v, causal=causal, return_lse=True, backend=path, **mask)
                     else:
                         out, lse = flashcute.attention(q, k, v, causal=causal, return_lse=True,
-                                                       backend=forward_from or path)
+                                                       backend=forward_from or path, **mask)
                         flashcute.attention_backward(
                             rand(seqlen_q, 4), q, k, v, out, lse, causal=causal, backend=path,
-                            deterministic=family.endswith("deterministic"),
+                            deterministic=family.endswith("deterministic"), **mask,
                         )
                     count += 1
     torch.cuda.synchronize()
