@@ -393,13 +393,14 @@ LONG_CASES = [
 ]
 
 
-def _long_cases(forward: bool):
+def _mask_cases(head_dims, table, forward: bool):
+    """(backend, headdim, dtype, *case) for every path that runs each head dim."""
     cases = []
-    for headdim in MAIN_HEAD_DIMS:
+    for headdim in head_dims:
         backends = _fwd_backends(headdim) if forward else _bwd_backends(headdim)
         for backend in backends:
             dtypes = SUPPORT[backend][1] if forward else BWD_DTYPES
-            for index, (seqlen_q, seqlen_k, window, causal, softcap) in enumerate(LONG_CASES):
+            for index, (seqlen_q, seqlen_k, window, causal, softcap) in enumerate(table):
                 dtype = dtypes[index % len(dtypes)]
                 cases.append(pytest.param(
                     backend, headdim, dtype, seqlen_q, seqlen_k, window, causal, softcap,
@@ -409,23 +410,32 @@ def _long_cases(forward: bool):
     return cases
 
 
-@pytest.mark.parametrize("backend, headdim, dtype, seqlen_q, seqlen_k, window, causal, softcap",
-                         _long_cases(forward=True))
-def test_forward_long_window(gen, backend, headdim, dtype, seqlen_q, seqlen_k, window, causal,
-                             softcap):
-    q, k, v = make_qkv(gen, 1, seqlen_q, seqlen_k, 6, 2, headdim, dtype)
+_MASK_ARGS = "backend, headdim, dtype, seqlen_q, seqlen_k, window, causal, softcap"
+
+
+def _forward_case(gen, batch, nheads_kv, backend, headdim, dtype, seqlen_q, seqlen_k, window,
+                  causal, softcap):
+    q, k, v = make_qkv(gen, batch, seqlen_q, seqlen_k, 6, nheads_kv, headdim, dtype)
     run_forward(q, k, v, backend=backend, causal=causal, window=window, softcap=softcap)
 
 
-@pytest.mark.parametrize("backend, headdim, dtype, seqlen_q, seqlen_k, window, causal, softcap",
-                         _long_cases(forward=False))
-def test_backward_long_window(gen, backend, headdim, dtype, seqlen_q, seqlen_k, window, causal,
-                              softcap):
-    q, k, v = make_qkv(gen, 1, seqlen_q, seqlen_k, 6, 2, headdim, dtype)
+def _backward_case(gen, batch, nheads_kv, backend, headdim, dtype, seqlen_q, seqlen_k, window,
+                   causal, softcap):
+    q, k, v = make_qkv(gen, batch, seqlen_q, seqlen_k, 6, nheads_kv, headdim, dtype)
     dout = randn_like(gen, q)
     grads = run_backward(q, k, v, dout, backend=backend, causal=causal, window=window,
                          softcap=softcap)
     check_grads(grads, q, k, v, dout, causal=causal, window=window, softcap=softcap)
+
+
+@pytest.mark.parametrize(_MASK_ARGS, _mask_cases(MAIN_HEAD_DIMS, LONG_CASES, forward=True))
+def test_forward_long_window(gen, backend, headdim, dtype, seqlen_q, seqlen_k, window, causal, softcap):
+    _forward_case(gen, 1, 2, backend, headdim, dtype, seqlen_q, seqlen_k, window, causal, softcap)
+
+
+@pytest.mark.parametrize(_MASK_ARGS, _mask_cases(MAIN_HEAD_DIMS, LONG_CASES, forward=False))
+def test_backward_long_window(gen, backend, headdim, dtype, seqlen_q, seqlen_k, window, causal, softcap):
+    _backward_case(gen, 1, 2, backend, headdim, dtype, seqlen_q, seqlen_k, window, causal, softcap)
 
 
 # ---------------------------------------------------------------------------------------
@@ -523,39 +533,14 @@ def test_softcap_changes_the_result(gen, backend):
 SMALL_CASES = [(113, 301, (17, 17), False, 0.0), (300, 97, (100, 0), True, 30.0)]
 
 
-def _other_dims(forward: bool):
-    cases = []
-    for headdim in OTHER_HEAD_DIMS:
-        backends = _fwd_backends(headdim) if forward else _bwd_backends(headdim)
-        for backend in backends:
-            dtypes = SUPPORT[backend][1] if forward else BWD_DTYPES
-            for index, (seqlen_q, seqlen_k, window, causal, softcap) in enumerate(SMALL_CASES):
-                dtype = dtypes[index % len(dtypes)]
-                cases.append(pytest.param(
-                    backend, headdim, dtype, seqlen_q, seqlen_k, window, causal, softcap,
-                    id=f"{backend}-hd{headdim}-{dtype}-{seqlen_q}x{seqlen_k}-"
-                    f"{_mask_id(causal, window, softcap)}",
-                ))
-    return cases
+@pytest.mark.parametrize(_MASK_ARGS, _mask_cases(OTHER_HEAD_DIMS, SMALL_CASES, forward=True))
+def test_forward_other_head_dims(gen, backend, headdim, dtype, seqlen_q, seqlen_k, window, causal, softcap):
+    _forward_case(gen, 2, 3, backend, headdim, dtype, seqlen_q, seqlen_k, window, causal, softcap)
 
 
-@pytest.mark.parametrize("backend, headdim, dtype, seqlen_q, seqlen_k, window, causal, softcap",
-                         _other_dims(forward=True))
-def test_forward_other_head_dims(gen, backend, headdim, dtype, seqlen_q, seqlen_k, window, causal,
-                                 softcap):
-    q, k, v = make_qkv(gen, 2, seqlen_q, seqlen_k, 6, 3, headdim, dtype)
-    run_forward(q, k, v, backend=backend, causal=causal, window=window, softcap=softcap)
-
-
-@pytest.mark.parametrize("backend, headdim, dtype, seqlen_q, seqlen_k, window, causal, softcap",
-                         _other_dims(forward=False))
-def test_backward_other_head_dims(gen, backend, headdim, dtype, seqlen_q, seqlen_k, window, causal,
-                                  softcap):
-    q, k, v = make_qkv(gen, 2, seqlen_q, seqlen_k, 6, 3, headdim, dtype)
-    dout = randn_like(gen, q)
-    grads = run_backward(q, k, v, dout, backend=backend, causal=causal, window=window,
-                         softcap=softcap)
-    check_grads(grads, q, k, v, dout, causal=causal, window=window, softcap=softcap)
+@pytest.mark.parametrize(_MASK_ARGS, _mask_cases(OTHER_HEAD_DIMS, SMALL_CASES, forward=False))
+def test_backward_other_head_dims(gen, backend, headdim, dtype, seqlen_q, seqlen_k, window, causal, softcap):
+    _backward_case(gen, 2, 3, backend, headdim, dtype, seqlen_q, seqlen_k, window, causal, softcap)
 
 
 # ---------------------------------------------------------------------------------------
