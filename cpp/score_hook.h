@@ -4,8 +4,9 @@
 // Softcap: the scaled score s = softmax_scale·q·k becomes cap·tanh(s / cap). The kernels keep
 // scores unscaled (the softmax folds the scale into exp2), so the hook maps a raw score x to
 // softcap_out·tanh(softcap_in·x) with softcap_in = scale / cap and softcap_out = cap / scale,
-// whose scaled value is exactly the capped score. Off (softcap_in == 0), it costs one uniform
-// branch per block.
+// whose scaled value is exactly the capped score. Off (softcap_in == 0), it costs the forwards
+// one uniform branch per block; the backwards, at their register limits, compile it in only
+// where a template switch asks for it (hopper/bwd_kernel.h, ampere/bwd_kernel.h).
 #pragma once
 
 #include <cute/tensor.hpp>
