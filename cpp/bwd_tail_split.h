@@ -1,4 +1,4 @@
-// The dK/dV kernel's last wave, split (Hopper path, without causal masking). Every dK/dV CTA
+// The dK/dV kernel's last wave, split (Hopper path, without a causal or window band). Every dK/dV CTA
 // of a non-causal call has the same work, so when the CTA count T is not a multiple of the
 // SM count S, the last r = T mod S CTAs run alone while S - r SMs idle (2048 CTAs on 132 SMs:
 // 68 of them). Those r tiles (the last ones in launch order) instead run as `parts` CTAs each,
@@ -8,7 +8,7 @@
 //
 // Launch order is tile order, then the parts: tiles [0, full_tiles) one CTA each, then
 // split_tiles tiles of `parts` CTAs. A tile is (pair of the chunk) · key_blocks + key block.
-// Causal calls are never split; their last pairs may run in key-block order (plan_causal_tail).
+// Causal and windowed calls are never split; causal ones may end in key-block order (plan_causal_tail).
 #pragma once
 
 #include "host_device.h"  // plain C++ as well: the host API sizes the workspace from it

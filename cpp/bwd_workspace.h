@@ -5,7 +5,7 @@
 //   dq_ready  int32 (chunk pairs)                    Hopper path: per (batch, kv head) pair, the
 //                                                    dK/dV CTAs done adding dQ (16-byte padded)
 //   dq_accum  fp32 (slots, rows_padded, headdim)    Hopper path; Ampere path unless deterministic
-//   split_done int32 (split tiles)                   Hopper path without causal masking: the last
+//   split_done int32 (split tiles)                   Hopper path without a causal or window band: the last
 //   dkv_accum fp32 (split tiles, 2, 128, headdim)    wave's split tiles (bwd_tail_split.h): parts
 //                                                    done, dK and dV sums (up to 128 keys a tile)
 //

@@ -1,4 +1,4 @@
-// The Hopper-path forward's last wave, shared by every CTA (without causal masking). Every
+// The Hopper-path forward's last wave, shared by every CTA (without a causal or window band). Every
 // query tile of a non-causal call has the same work, so with U tiles on S SMs the last
 // r = U mod S tiles run alone while S - r SMs idle (hd 128, 2048 tiles on 132 SMs: 68 of
 // them, for the whole length of a tile). With fewer tiles than SMs (small batch and few

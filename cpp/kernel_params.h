@@ -58,7 +58,7 @@ struct BwdKernelParams {
   // (chunk pairs) or null: the dK/dV CTAs of each (batch, kv head) pair done adding dQ (Hopper
   // path; the dQ conversion waits for them instead of for the whole kernel)
   int* __restrict__ dq_ready;
-  // Hopper path without causal masking: room for split_tiles_max split tiles of the last wave
+  // Hopper path without a causal or window band: room for split_tiles_max split tiles of the last wave
   // (bwd_tail_split.h): parts done per tile and their fp32 dK, dV sums; null where none.
   int* __restrict__ split_done;
   float* __restrict__ dkv_accum;
