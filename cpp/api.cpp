@@ -1,4 +1,5 @@
 // Public entry points: argument checks, device selection and dispatch to a compiled kernel.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -17,16 +18,63 @@
 
 namespace flashcute {
 
+namespace {
+
+// The smallest compiled head dim at least `headdim` among one family's kernels.
+struct SmallestAtLeast {
+  Backend backend;
+  DType dtype;
+  int headdim;
+  int best = 0;
+  void consider(Backend b, DType d, int kernel_headdim) {
+    if (b == backend && d == dtype && kernel_headdim >= headdim && (best == 0 || kernel_headdim < best))
+      best = kernel_headdim;
+  }
+};
+
+// Kernels read and write whole 16-byte chunks of a row where they round the head dim up.
+bool roundable(int headdim) { return headdim > 0 && headdim % 8 == 0; }
+
+// A call's head dim as the kernel lookups take it; one too large for them becomes 0 (none).
+int lookup_headdim(int64_t headdim) { return headdim > 4096 ? 0 : static_cast<int>(headdim); }
+
+}  // namespace
+
+int fwd_kernel_headdim(Backend backend, DType dtype, int headdim) {
+  if (!roundable(headdim)) return 0;
+  SmallestAtLeast pick{backend, dtype, headdim};
+#define FLASHCUTE_CONSIDER_AMPERE_FWD(name, dtype_enum, hd) pick.consider(Backend::kAmpere, DType::dtype_enum, hd);
+  FLASHCUTE_FOR_EACH_AMPERE_FWD(FLASHCUTE_CONSIDER_AMPERE_FWD)
+#undef FLASHCUTE_CONSIDER_AMPERE_FWD
+#define FLASHCUTE_CONSIDER_HOPPER_FWD(name, dtype_enum, hd) pick.consider(Backend::kHopper, DType::dtype_enum, hd);
+  FLASHCUTE_FOR_EACH_HOPPER_FWD(FLASHCUTE_CONSIDER_HOPPER_FWD)
+#undef FLASHCUTE_CONSIDER_HOPPER_FWD
+  return pick.best;
+}
+
+int bwd_kernel_headdim(Backend backend, DType dtype, int headdim) {
+  if (!roundable(headdim)) return 0;
+  SmallestAtLeast pick{backend, dtype, headdim};
+#define FLASHCUTE_CONSIDER_AMPERE_BWD(name, dtype_enum, hd) pick.consider(Backend::kAmpere, DType::dtype_enum, hd);
+  FLASHCUTE_FOR_EACH_AMPERE_BWD(FLASHCUTE_CONSIDER_AMPERE_BWD)
+#undef FLASHCUTE_CONSIDER_AMPERE_BWD
+#define FLASHCUTE_CONSIDER_HOPPER_BWD(name, dtype_enum, hd) pick.consider(Backend::kHopper, DType::dtype_enum, hd);
+  FLASHCUTE_FOR_EACH_HOPPER_BWD(FLASHCUTE_CONSIDER_HOPPER_BWD)
+#undef FLASHCUTE_CONSIDER_HOPPER_BWD
+  return pick.best;
+}
+
 FwdLauncher find_fwd_launcher(Backend backend, DType dtype, int headdim) {
+  const int kernel_headdim = fwd_kernel_headdim(backend, dtype, headdim);
   if (backend == Backend::kAmpere) {
 #define FLASHCUTE_MATCH_AMPERE_FWD(name, dtype_enum, hd) \
-  if (dtype == DType::dtype_enum && headdim == hd) return &ampere::fwd_##name##_hd##hd;
+  if (dtype == DType::dtype_enum && kernel_headdim == hd) return &ampere::fwd_##name##_hd##hd;
     FLASHCUTE_FOR_EACH_AMPERE_FWD(FLASHCUTE_MATCH_AMPERE_FWD)
 #undef FLASHCUTE_MATCH_AMPERE_FWD
   }
   if (backend == Backend::kHopper) {
 #define FLASHCUTE_MATCH_HOPPER_FWD(name, dtype_enum, hd) \
-  if (dtype == DType::dtype_enum && headdim == hd) return &hopper::fwd_##name##_hd##hd;
+  if (dtype == DType::dtype_enum && kernel_headdim == hd) return &hopper::fwd_##name##_hd##hd;
     FLASHCUTE_FOR_EACH_HOPPER_FWD(FLASHCUTE_MATCH_HOPPER_FWD)
 #undef FLASHCUTE_MATCH_HOPPER_FWD
   }
@@ -34,15 +82,16 @@ FwdLauncher find_fwd_launcher(Backend backend, DType dtype, int headdim) {
 }
 
 BwdLauncher find_bwd_launcher(Backend backend, DType dtype, int headdim) {
+  const int kernel_headdim = bwd_kernel_headdim(backend, dtype, headdim);
   if (backend == Backend::kAmpere) {
 #define FLASHCUTE_MATCH_AMPERE_BWD(name, dtype_enum, hd) \
-  if (dtype == DType::dtype_enum && headdim == hd) return &ampere::bwd_##name##_hd##hd;
+  if (dtype == DType::dtype_enum && kernel_headdim == hd) return &ampere::bwd_##name##_hd##hd;
     FLASHCUTE_FOR_EACH_AMPERE_BWD(FLASHCUTE_MATCH_AMPERE_BWD)
 #undef FLASHCUTE_MATCH_AMPERE_BWD
   }
   if (backend == Backend::kHopper) {
 #define FLASHCUTE_MATCH_HOPPER_BWD(name, dtype_enum, hd) \
-  if (dtype == DType::dtype_enum && headdim == hd) return &hopper::bwd_##name##_hd##hd;
+  if (dtype == DType::dtype_enum && kernel_headdim == hd) return &hopper::bwd_##name##_hd##hd;
     FLASHCUTE_FOR_EACH_HOPPER_BWD(FLASHCUTE_MATCH_HOPPER_BWD)
 #undef FLASHCUTE_MATCH_HOPPER_BWD
   }
@@ -151,6 +200,7 @@ FwdKernelParams kernel_params(const AttentionForwardParams& p) {
   k.seqlen_k = static_cast<int>(p.seqlen_k);
   k.nheads = static_cast<int>(p.nheads);
   k.heads_per_kv = static_cast<int>(p.nheads / p.nheads_kv);
+  k.headdim = static_cast<int>(p.headdim);
   k.softmax_scale = p.softmax_scale;
   k.scale_log2 = p.softmax_scale * 1.4426950408889634f;
   k.causal = p.causal;
@@ -161,10 +211,13 @@ FwdKernelParams kernel_params(const AttentionForwardParams& p) {
 }
 
 // The backward's workspace for the path that runs it (bwd_workspace.h): both paths add dQ
-// into an fp32 accumulator, except the Ampere path's deterministic design.
+// into an fp32 accumulator, except the Ampere path's deterministic design. Its rows are as
+// wide as the kernel's head dim (the call's rounded up).
 BwdWorkspace workspace_layout(const AttentionBackwardParams& p, Backend resolved) {
   const bool hopper = resolved == Backend::kHopper;
-  return bwd_workspace(p.batch, p.nheads, p.nheads_kv, p.seqlen_q, p.seqlen_k, p.headdim,
+  const int kernel_headdim = bwd_kernel_headdim(resolved, p.dtype, lookup_headdim(p.headdim));
+  return bwd_workspace(p.batch, p.nheads, p.nheads_kv, p.seqlen_q, p.seqlen_k,
+                       kernel_headdim > 0 ? kernel_headdim : p.headdim,
                        /*lse_log2=*/hopper, /*dq_accum=*/hopper || !p.deterministic, /*dq_ready=*/hopper,
                        /*tail_split=*/hopper && hopper_bwd_tail_split(requests_band(p)));
 }
@@ -312,20 +365,25 @@ Backend default_backend(int capability) {
 
 namespace {
 
-// The backend that runs the request on this device: kAuto takes the device's default backend,
-// or the Ampere path where that has no kernel for (dtype, headdim); a deterministic backward
-// takes the Ampere path (the Hopper path adds dQ with atomics).
-template <class Params, class Launcher>
-Status resolve_backend(const Params& params, Backend backend, Launcher (*find)(Backend, DType, int),
+// The backend that runs the request on this device. kAuto takes the device's default backend,
+// or the Ampere path where the default has no kernel for (dtype, headdim) or where only the
+// Ampere path has one of exactly this head dim (the Hopper path would round it up); a
+// deterministic backward takes the Ampere path (the Hopper path adds dQ with atomics).
+template <class Params>
+Status resolve_backend(const Params& params, Backend backend, int (*kernel_headdim)(Backend, DType, int),
                        int capability, Backend* resolved) {
   constexpr bool kBackward = std::is_same_v<Params, AttentionBackwardParams>;
-  const int headdim = static_cast<int>(params.headdim);
+  const int headdim = lookup_headdim(params.headdim);
   bool deterministic = false;
   if constexpr (kBackward) deterministic = params.deterministic;
   if (backend == Backend::kAuto) {
     backend = default_backend(capability);
-    if (backend == Backend::kHopper && (deterministic || find(backend, params.dtype, headdim) == nullptr))
-      backend = Backend::kAmpere;
+    if (backend == Backend::kHopper) {
+      const int hopper = kernel_headdim(Backend::kHopper, params.dtype, headdim);
+      if (deterministic || hopper == 0 ||
+          (hopper != headdim && kernel_headdim(Backend::kAmpere, params.dtype, headdim) == headdim))
+        backend = Backend::kAmpere;
+    }
   }
   if (backend == Backend::kHopper && deterministic)
     return make_status(StatusCode::kNotSupported,
@@ -338,11 +396,12 @@ Status resolve_backend(const Params& params, Backend backend, Launcher (*find)(B
 // The launcher for the request on this device (see resolve_backend).
 template <class Params, class Launcher>
 Status find_launcher(const Params& params, Backend backend, Launcher (*find)(Backend, DType, int),
-                     const char* pass, Launcher* launcher, Backend* resolved) {
+                     int (*kernel_headdim)(Backend, DType, int), const char* pass, Launcher* launcher,
+                     Backend* resolved) {
   int capability = 0;
   if (Status s = device_capability(params.device, &capability); !s.ok()) return s;
-  const int headdim = static_cast<int>(params.headdim);
-  if (Status s = resolve_backend(params, backend, find, capability, &backend); !s.ok()) return s;
+  const int headdim = lookup_headdim(params.headdim);
+  if (Status s = resolve_backend(params, backend, kernel_headdim, capability, &backend); !s.ok()) return s;
   if (backend == Backend::kAmpere && capability < 80)
     return make_status(StatusCode::kNotSupported,
                        "the ampere path needs compute capability 8.0 or newer, the device has %d.%d",
@@ -360,9 +419,10 @@ Status find_launcher(const Params& params, Backend backend, Launcher (*find)(Bac
                         : hopper                                       ? FLASHCUTE_HOPPER_HEAD_DIMS
                                                                        : FLASHCUTE_AMPERE_HEAD_DIMS;
     return make_status(StatusCode::kNotSupported,
-                       "%s path: no %s kernel for headdim %d and %s in this build (head dims "
-                       "built: [%s])",
-                       backend_name(backend), pass, headdim, dtype_name(params.dtype), built);
+                       "%s path: no %s kernel for headdim %lld and %s in this build (head dims "
+                       "built: [%s]; a multiple of 8 runs on the smallest one at least as large)",
+                       backend_name(backend), pass, static_cast<long long>(params.headdim),
+                       dtype_name(params.dtype), built);
   }
   return Status{};
 }
@@ -374,7 +434,8 @@ Status attention_forward(const AttentionForwardParams& params, Backend backend) 
   if (params.batch == 0 || params.seqlen_q == 0 || params.nheads == 0) return Status{};
   FwdLauncher launch = nullptr;
   Backend resolved = backend;
-  if (Status s = find_launcher(params, backend, &find_fwd_launcher, "forward", &launch, &resolved); !s.ok())
+  if (Status s = find_launcher(params, backend, &find_fwd_launcher, &fwd_kernel_headdim, "forward", &launch,
+                               &resolved); !s.ok())
     return s;
   DeviceGuard guard(params.device);
   if (!guard.status().ok()) return guard.status();
@@ -390,15 +451,15 @@ Status attention_forward_workspace_size(const AttentionForwardParams& params, si
   int capability = 0;
   if (backend == Backend::kAmpere || !device_capability(params.device, &capability).ok()) return Status{};
   Backend resolved = backend;
-  if (Status s = resolve_backend(params, backend, &find_fwd_launcher, capability, &resolved); !s.ok()) return s;
-  if (resolved != Backend::kHopper || capability != 90 ||
-      find_fwd_launcher(Backend::kHopper, params.dtype, static_cast<int>(params.headdim)) == nullptr)
-    return Status{};
+  if (Status s = resolve_backend(params, backend, &fwd_kernel_headdim, capability, &resolved); !s.ok()) return s;
+  // The split's tiles and state follow the kernel's head dim.
+  const int kernel_headdim = fwd_kernel_headdim(Backend::kHopper, params.dtype, lookup_headdim(params.headdim));
+  if (resolved != Backend::kHopper || capability != 90 || kernel_headdim == 0) return Status{};
   int device = params.device;
   if (device < 0 && cudaGetDevice(&device) != cudaSuccess) return Status{};
   int sms = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return Status{};
-  *bytes = hopper::plan_fwd_split(kernel_params(params), static_cast<int>(params.headdim), sms).workspace.bytes;
+  *bytes = hopper::plan_fwd_split(kernel_params(params), kernel_headdim, sms).workspace.bytes;
   return Status{};
 }
 
@@ -406,15 +467,18 @@ Status attention_backward_workspace_size(const AttentionBackwardParams& params, 
                                          Backend backend) {
   if (bytes == nullptr) return invalid("bytes must not be null");
   if (Status s = check_problem(params); !s.ok()) return s;
-  // kAuto follows the device; without a usable device, the larger of the two layouts.
-  int capability = 0;
-  Backend resolved = Backend::kHopper;
-  if (backend != Backend::kAuto || device_capability(params.device, &capability).ok()) {
-    if (Status s = resolve_backend(params, backend, &find_bwd_launcher, capability, &resolved); !s.ok())
-      return s;
-  }
   const bool hopper_kernel =
-      find_bwd_launcher(Backend::kHopper, params.dtype, static_cast<int>(params.headdim)) != nullptr;
+      bwd_kernel_headdim(Backend::kHopper, params.dtype, lookup_headdim(params.headdim)) > 0;
+  // kAuto follows the device; without a usable device, the larger of the two layouts (their
+  // kernels' head dims may differ).
+  int capability = 0;
+  if (backend == Backend::kAuto && !device_capability(params.device, &capability).ok()) {
+    *bytes = workspace_layout(params, Backend::kAmpere).bytes;
+    if (hopper_kernel) *bytes = std::max(*bytes, workspace_layout(params, Backend::kHopper).bytes);
+    return Status{};
+  }
+  Backend resolved = backend;
+  if (Status s = resolve_backend(params, backend, &bwd_kernel_headdim, capability, &resolved); !s.ok()) return s;
   if (resolved == Backend::kHopper && !hopper_kernel) resolved = Backend::kAmpere;
   *bytes = workspace_layout(params, resolved).bytes;
   return Status{};
@@ -426,7 +490,8 @@ Status attention_backward(const AttentionBackwardParams& params, Backend backend
     return Status{};
   BwdLauncher launch = nullptr;
   Backend resolved = backend;
-  if (Status s = find_launcher(params, backend, &find_bwd_launcher, "backward", &launch, &resolved); !s.ok())
+  if (Status s = find_launcher(params, backend, &find_bwd_launcher, &bwd_kernel_headdim, "backward", &launch,
+                               &resolved); !s.ok())
     return s;
   if (Status s = check_workspace(params, resolved); !s.ok()) return s;
   DeviceGuard guard(params.device);

@@ -96,6 +96,7 @@ __global__ void __launch_bounds__(Layout::kDqRegionThreads * Layout::kDqRegions)
   for (int idx = threadIdx.x; idx < rows * kChunksPerRow; idx += blockDim.x) {
     const int row = idx / kChunksPerRow;
     const int chunk = idx % kChunksPerRow;
+    if (chunk * kChunkElems >= params.headdim) continue;  // past the call's head dim
     *reinterpret_cast<uint4*>(dq + int64_t(m_block * kBlockM + row) * params.dq_row_stride + chunk * kChunkElems) =
         *reinterpret_cast<const uint4*>(tile + row * kRowElems + chunk * kChunkElems);
   }

@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(RowwiseShape<kHeadDim>::kThreads)
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
   const int col = lane * 8;
-  const bool active = lane < Shape::kChunks;
+  const bool active = lane < Shape::kChunks && col < params.headdim;  // the call's columns only
 
   float dot = 0.f;
   if (active && row < params.seqlen_q) {

@@ -22,6 +22,9 @@ struct FwdKernelParams {
 
   int batch, seqlen_q, seqlen_k, nheads;
   int heads_per_kv;  // nheads / nheads_kv: query heads sharing one K/V head
+  // The call's head dim, a multiple of 8 up to the kernel's: only these columns are read and
+  // written (kernel columns past it are zero in shared memory).
+  int headdim;
 
   float softmax_scale;
   float scale_log2;  // softmax_scale * log2(e): scores go through exp2 with one FMA
@@ -74,6 +77,7 @@ struct BwdKernelParams {
   int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
   int64_t lse_batch_stride, lse_head_stride;
 
+  // headdim: the call's, a multiple of 8 up to the kernel's (as in FwdKernelParams).
   int batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim;
   int heads_per_kv;
   int seqlen_q_padded;

@@ -85,6 +85,9 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
   // Mask and hook are read from the kernel parameters where used (constant bank operands),
   // not held in registers: the kernels run at the register cap.
   const KeyBlockRange range = key_block_range<kBlockN>(MaskPolicy::of(params), row0, kBlockM);
+  // A head dim below the kernel's (rounded up to it): the columns past it are zeros in shared
+  // memory and neither loaded nor stored (one uniform branch per copy, as in the forward).
+  const bool partial_cols = params.headdim < kHeadDim;
 
   const Element* q_base = static_cast<const Element*>(params.q) + batch * params.q_batch_stride +
                           head * params.q_head_stride + int64_t(row0) * params.q_row_stride;
@@ -111,7 +114,12 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
     Tensor gV = make_tensor(make_gmem_ptr(v_base + row * params.v_row_stride), TileKV{},
                             make_stride(params.v_row_stride, _1{}));
     const int valid = seqlen_k - n * kBlockN;
-    if (decltype(may_be_partial)::value && valid < kBlockN) {
+    if (partial_cols) {
+      load_tile_cols<decltype(may_be_partial)::value>(gmem_copy, gmem_thr_copy.partition_S(gK),
+                                                      gmem_thr_copy.partition_D(sK), cKV, valid, params.headdim);
+      load_tile_cols<decltype(may_be_partial)::value>(gmem_copy, gmem_thr_copy.partition_S(gV),
+                                                      gmem_thr_copy.partition_D(sV), cKV, valid, params.headdim);
+    } else if (decltype(may_be_partial)::value && valid < kBlockN) {
       load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gK), gmem_thr_copy.partition_D(sK), cKV, valid);
       load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gV), gmem_thr_copy.partition_D(sV), cKV, valid);
     } else {
@@ -146,12 +154,33 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
   const float scale_log2 = params.scale_log2;
   constexpr float kLog2e = 1.4426950408889634f;
 
-  load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(make_tensor(make_gmem_ptr(q_base), TileQ{},
-                                                                   make_stride(params.q_row_stride, _1{}))),
-                  gmem_thr_copy.partition_D(sQ), cQ, seqlen_q - row0);
-  load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(make_tensor(make_gmem_ptr(do_base), TileQ{},
-                                                                   make_stride(params.dout_row_stride, _1{}))),
-                  gmem_thr_copy.partition_D(sdO), cQ, seqlen_q - row0);
+  {
+    Tensor tQgQ = gmem_thr_copy.partition_S(
+        make_tensor(make_gmem_ptr(q_base), TileQ{}, make_stride(params.q_row_stride, _1{})));
+    Tensor tQgdO = gmem_thr_copy.partition_S(
+        make_tensor(make_gmem_ptr(do_base), TileQ{}, make_stride(params.dout_row_stride, _1{})));
+    if (partial_cols) {
+      Tensor tQsQ = gmem_thr_copy.partition_D(sQ);
+      Tensor tQsdO = gmem_thr_copy.partition_D(sdO);
+      clear_tile_cols(tQsQ, cQ, params.headdim);
+      clear_tile_cols(tQsdO, cQ, params.headdim);
+      load_tile_cols<true>(gmem_copy, tQgQ, tQsQ, cQ, seqlen_q - row0, params.headdim);
+      load_tile_cols<true>(gmem_copy, tQgdO, tQsdO, cQ, seqlen_q - row0, params.headdim);
+      // Both K/V stages' columns past the head dim, once (smem_gemm.h).
+      CUTE_UNROLL
+      for (int stage = 0; stage < 2; ++stage) {
+        clear_tile_cols(gmem_thr_copy.partition_D(make_tensor(make_smem_ptr(smem_k(stage)),
+                                                              typename Traits::SmemLayoutKV{})),
+                        cKV, params.headdim);
+        clear_tile_cols(gmem_thr_copy.partition_D(make_tensor(make_smem_ptr(smem_k(stage) + Traits::kKVElems),
+                                                              typename Traits::SmemLayoutKV{})),
+                        cKV, params.headdim);
+      }
+    } else {
+      load_tile<true>(gmem_copy, tQgQ, gmem_thr_copy.partition_D(sQ), cQ, seqlen_q - row0);
+      load_tile<true>(gmem_copy, tQgdO, gmem_thr_copy.partition_D(sdO), cQ, seqlen_q - row0);
+    }
+  }
   if (range.n_end > range.n_begin) load_kv(range.n_end - 1, 0, cute::true_type{});
   cp_async_fence();
 
@@ -255,6 +284,10 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
   Tensor trQ = make_fragment_like(tsQ);
   copy(gmem_store, tsQ, trQ);
   Tensor tcQ = gmem_thr_store.partition_D(make_identity_tensor(TileQ{}));
+  if (partial_cols) {
+    store_tile_cols(gmem_store, trQ, tgQ, tcQ, seqlen_q - row0, params.headdim);
+    return;
+  }
   CUTE_UNROLL
   for (int m = 0; m < size<1>(tgQ); ++m) {
     if (row0 + get<0>(tcQ(0, m, 0)) < seqlen_q) copy(gmem_store, trQ(_, m, _), tgQ(_, m, _));

@@ -74,6 +74,9 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   const QueryBlockRange range = query_block_range<kBlockM, kBlockN, kGeneral>(mask, n0);
   const int head_first = kv_head * params.heads_per_kv;
   const int head_end = head_first + params.heads_per_kv;
+  // A head dim below the kernel's (rounded up to it): the columns past it are zeros in shared
+  // memory and neither loaded nor stored (one uniform branch per copy, as in the forward).
+  const bool partial_cols = params.headdim < kHeadDim;
 
   typename Traits::GmemTiledCopyLoad gmem_copy;
   auto gmem_thr_copy = gmem_copy.get_thread_slice(tid);
@@ -90,8 +93,27 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
     Tensor gV = make_tensor(make_gmem_ptr(v_base), TileKV{}, make_stride(params.v_row_stride, _1{}));
     Tensor sK = make_tensor(make_smem_ptr(smem), typename Traits::SmemLayoutKV{});
     Tensor sV = make_tensor(make_smem_ptr(smem + Traits::kOffsetV), typename Traits::SmemLayoutKV{});
-    load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gK), gmem_thr_copy.partition_D(sK), cKV, seqlen_k - n0);
-    load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gV), gmem_thr_copy.partition_D(sV), cKV, seqlen_k - n0);
+    if (partial_cols) {
+      Tensor tKsK = gmem_thr_copy.partition_D(sK);
+      Tensor tVsV = gmem_thr_copy.partition_D(sV);
+      clear_tile_cols(tKsK, cKV, params.headdim);
+      clear_tile_cols(tVsV, cKV, params.headdim);
+      load_tile_cols<true>(gmem_copy, gmem_thr_copy.partition_S(gK), tKsK, cKV, seqlen_k - n0, params.headdim);
+      load_tile_cols<true>(gmem_copy, gmem_thr_copy.partition_S(gV), tVsV, cKV, seqlen_k - n0, params.headdim);
+      // Every Q and dO stage's columns past the head dim, once (smem_gemm.h).
+      CUTE_UNROLL
+      for (int stage = 0; stage < kQStages; ++stage) {
+        clear_tile_cols(gmem_thr_copy.partition_D(make_tensor(make_smem_ptr(smem_q(stage)),
+                                                              typename Traits::SmemLayoutQ{})),
+                        cQ, params.headdim);
+        clear_tile_cols(gmem_thr_copy.partition_D(make_tensor(make_smem_ptr(smem_do(stage)),
+                                                              typename Traits::SmemLayoutQ{})),
+                        cQ, params.headdim);
+      }
+    } else {
+      load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gK), gmem_thr_copy.partition_D(sK), cKV, seqlen_k - n0);
+      load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gV), gmem_thr_copy.partition_D(sV), cKV, seqlen_k - n0);
+    }
   }
 
   // Q and dO of query block m of head h into a stage, zero past seqlen_q.
@@ -106,7 +128,12 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
     Tensor sQ = make_tensor(make_smem_ptr(smem_q(stage)), typename Traits::SmemLayoutQ{});
     Tensor sdO = make_tensor(make_smem_ptr(smem_do(stage)), typename Traits::SmemLayoutQ{});
     const int valid = seqlen_q - int(row0);
-    if (valid < kBlockM) {
+    if (partial_cols) {
+      load_tile_cols<true>(gmem_copy, gmem_thr_copy.partition_S(gQ), gmem_thr_copy.partition_D(sQ), cQ, valid,
+                           params.headdim);
+      load_tile_cols<true>(gmem_copy, gmem_thr_copy.partition_S(gdO), gmem_thr_copy.partition_D(sdO), cQ, valid,
+                           params.headdim);
+    } else if (valid < kBlockM) {
       load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gQ), gmem_thr_copy.partition_D(sQ), cQ, valid);
       load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gdO), gmem_thr_copy.partition_D(sdO), cQ, valid);
     } else {
@@ -339,6 +366,11 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   copy(gmem_store, tsK, trK);
   copy(gmem_store, tsV, trV);
   Tensor tcKV = gmem_thr_store.partition_D(make_identity_tensor(TileKV{}));
+  if (partial_cols) {
+    store_tile_cols(gmem_store, trK, tgK, tcKV, seqlen_k - n0, params.headdim);
+    store_tile_cols(gmem_store, trV, tgV, tcKV, seqlen_k - n0, params.headdim);
+    return;
+  }
   CUTE_UNROLL
   for (int r = 0; r < size<1>(tgK); ++r) {
     if (n0 + get<0>(tcKV(0, r, 0)) < seqlen_k) {

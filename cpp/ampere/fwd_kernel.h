@@ -72,6 +72,10 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
   // not held in registers: the kernels run at the register cap.
   const KeyBlockRange range = key_block_range<kBlockN>(MaskPolicy::of(params), row0, kBlockM);
   const int n_begin = range.n_begin;
+  // A head dim below the kernel's (rounded up to it): the columns past it are zeros in shared
+  // memory and neither loaded nor stored (smem_gemm.h). One uniform branch per copy; the
+  // kernel's own head dim runs the copies without column tests.
+  const bool partial_cols = params.headdim < kHeadDim;
 
   const Element* q_base = static_cast<const Element*>(params.q) + batch * params.q_batch_stride +
                           head * params.q_head_stride + int64_t(row0) * params.q_row_stride;
@@ -104,7 +108,10 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
     Tensor tVgV = gmem_thr_copy.partition_S(gV);
     Tensor tVsV = gmem_thr_copy.partition_D(sV);
     const int valid = seqlen_k - n * kBlockN;
-    if (decltype(may_be_partial)::value && valid < kBlockN) {
+    if (partial_cols) {
+      load_tile_cols<decltype(may_be_partial)::value>(gmem_copy, tKgK, tKsK, cKV, valid, params.headdim);
+      load_tile_cols<decltype(may_be_partial)::value>(gmem_copy, tVgV, tVsV, cKV, valid, params.headdim);
+    } else if (decltype(may_be_partial)::value && valid < kBlockN) {
       load_tile<true>(gmem_copy, tKgK, tKsK, cKV, valid);
       load_tile<true>(gmem_copy, tVgV, tVsV, cKV, valid);
     } else {
@@ -146,8 +153,25 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
   const int thread_col = get<1>(tScS(0));
 
   // Prologue: Q, then the first kStages-1 key blocks.
-  load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gQ), gmem_thr_copy.partition_D(sQ), cQ,
-                  seqlen_q - row0);
+  // Columns past the head dim are zeroed once per buffer (smem_gemm.h): Q's and stage 0's here,
+  // the other stages' once Q has left the buffer they share with it.
+  auto clear_stage_cols = [&](int stage) {
+    Element* sk_ptr = stage_k(stage);
+    clear_tile_cols(gmem_thr_copy.partition_D(make_tensor(make_smem_ptr(sk_ptr), typename Traits::SmemLayoutKV{})),
+                    cKV, params.headdim);
+    clear_tile_cols(gmem_thr_copy.partition_D(
+                        make_tensor(make_smem_ptr(sk_ptr + Traits::kKVElems), typename Traits::SmemLayoutKV{})),
+                    cKV, params.headdim);
+  };
+  if (partial_cols) {
+    Tensor tQsQ = gmem_thr_copy.partition_D(sQ);
+    clear_tile_cols(tQsQ, cQ, params.headdim);
+    load_tile_cols<true>(gmem_copy, gmem_thr_copy.partition_S(gQ), tQsQ, cQ, seqlen_q - row0, params.headdim);
+    clear_stage_cols(0);
+  } else {
+    load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gQ), gmem_thr_copy.partition_D(sQ), cQ,
+                    seqlen_q - row0);
+  }
   cp_async_fence();
   int n = range.n_end - 1;
   if (n >= n_begin) load_kv(n, 0, cute::true_type{});
@@ -157,6 +181,10 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
     __syncthreads();
     copy(smem_copy_q, tSsQ, tSrQ_view);
     __syncthreads();  // Q's smem is stage 1 from here on
+  }
+  if (partial_cols) {
+    CUTE_UNROLL
+    for (int s = 1; s < kStages; ++s) clear_stage_cols(s);
   }
   CUTE_UNROLL
   for (int s = 1; s < kStages - 1; ++s) {
@@ -236,6 +264,10 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
   Tensor tOrO = make_fragment_like(tOsO);
   copy(gmem_copy_o, tOsO, tOrO);
   Tensor tOcO = gmem_thr_copy_o.partition_D(make_identity_tensor(TileQ{}));
+  if (partial_cols) {
+    store_tile_cols(gmem_copy_o, tOrO, tOgO, tOcO, seqlen_q - row0, params.headdim);
+    return;
+  }
   CUTE_UNROLL
   for (int m = 0; m < size<1>(tOgO); ++m) {
     if (row0 + get<0>(tOcO(0, m, 0)) < seqlen_q) copy(gmem_copy_o, tOrO(_, m, _), tOgO(_, m, _));

@@ -262,7 +262,7 @@ std::tuple<int, int> forward_tile(int headdim, int seqlen_q, int seqlen_k, bool 
 int forward_packed_heads(int nheads, int nheads_kv, int seqlen_q, int seqlen_k, int headdim, bool causal) {
   namespace hopper = flashcute::hopper;
   flashcute::FwdKernelParams p{};
-  p.seqlen_q = seqlen_q, p.seqlen_k = seqlen_k, p.nheads = nheads, p.causal = causal;
+  p.seqlen_q = seqlen_q, p.seqlen_k = seqlen_k, p.nheads = nheads, p.causal = causal, p.headdim = headdim;
   p.window_left = seqlen_k, p.window_right = causal ? 0 : seqlen_q;  // no window
   p.heads_per_kv = nheads_kv > 0 ? nheads / nheads_kv : 1;
   const hopper::FwdTileSize tile =

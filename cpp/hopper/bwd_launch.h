@@ -119,26 +119,29 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
   const int q_heads = no_queries ? p.nheads_kv : p.nheads;
   auto slayout_q = typename Traits::SmemLayoutQ{}(_, _, _0{});
   auto slayout_kv = typename Traits::SmemLayoutKV{}(_, _, _0{});
+  // The tensor maps span the call's head dim: loads fill the kernel's columns past it with
+  // zeros (they add nothing to S, dP, dQ), the dK/dV stores clip.
+  const int headdim = p.headdim;
   if (p.seqlen_k > 0) {
-    kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, tma_view(q, kp.tma_seqlen_q, kHeadDim, q_heads, p.batch, q_strides[0],
+    kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, tma_view(q, kp.tma_seqlen_q, headdim, q_heads, p.batch, q_strides[0],
                                                        q_strides[1], q_strides[2]),
                              slayout_q, typename Traits::TileQ{}, _1{});
-    kp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, tma_view(dout, kp.tma_seqlen_q, kHeadDim, q_heads, p.batch,
+    kp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, tma_view(dout, kp.tma_seqlen_q, headdim, q_heads, p.batch,
                                                         do_strides[0], do_strides[1], do_strides[2]),
                               slayout_q, typename Traits::TileQ{}, _1{});
-    kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, tma_view(static_cast<const Element*>(p.k), p.seqlen_k, kHeadDim,
+    kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, tma_view(static_cast<const Element*>(p.k), p.seqlen_k, headdim,
                                                        p.nheads_kv, p.batch, p.k_row_stride, p.k_head_stride,
                                                        p.k_batch_stride),
                              slayout_kv, typename Traits::TileKV{}, _1{});
-    kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, tma_view(static_cast<const Element*>(p.v), p.seqlen_k, kHeadDim,
+    kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, tma_view(static_cast<const Element*>(p.v), p.seqlen_k, headdim,
                                                        p.nheads_kv, p.batch, p.v_row_stride, p.v_head_stride,
                                                        p.v_batch_stride),
                              slayout_kv, typename Traits::TileKV{}, _1{});
-    kp.tma_dk = make_tma_copy(SM90_TMA_STORE{}, tma_view(static_cast<Element*>(p.dk), p.seqlen_k, kHeadDim,
+    kp.tma_dk = make_tma_copy(SM90_TMA_STORE{}, tma_view(static_cast<Element*>(p.dk), p.seqlen_k, headdim,
                                                          p.nheads_kv, p.batch, p.dk_row_stride, p.dk_head_stride,
                                                          p.dk_batch_stride),
                               slayout_kv, typename Traits::TileKV{}, _1{});
-    kp.tma_dv = make_tma_copy(SM90_TMA_STORE{}, tma_view(static_cast<Element*>(p.dv), p.seqlen_k, kHeadDim,
+    kp.tma_dv = make_tma_copy(SM90_TMA_STORE{}, tma_view(static_cast<Element*>(p.dv), p.seqlen_k, headdim,
                                                          p.nheads_kv, p.batch, p.dv_row_stride, p.dv_head_stride,
                                                          p.dv_batch_stride),
                               slayout_kv, typename Traits::TileKV{}, _1{});

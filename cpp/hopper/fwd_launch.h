@@ -135,26 +135,29 @@ Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
   kp.nheads_kv = kv_heads;
   auto slayout_q = typename Traits::SmemLayoutQ{}(_, _, _0{});
   auto slayout_kv = typename Traits::SmemLayoutKV{}(_, _, _0{});
-  kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, tma_view(q, call.seqlen_q, kHeadDim, call.nheads, p.batch,
+  // The tensor maps span the call's head dim: loads fill the kernel's columns past it with
+  // zeros (they add nothing to Q·Kᵀ, and give O columns that are never stored), stores clip.
+  const int headdim = p.headdim;
+  kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, tma_view(q, call.seqlen_q, headdim, call.nheads, p.batch,
                                                      p.q_row_stride, p.q_head_stride, p.q_batch_stride),
                            slayout_q, typename Traits::TileQ{}, _1{});
-  kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, tma_view(k, kp.tma_seqlen_k, kHeadDim, kv_heads, p.batch,
+  kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, tma_view(k, kp.tma_seqlen_k, headdim, kv_heads, p.batch,
                                                      k_strides[0], k_strides[1], k_strides[2]),
                            slayout_kv, typename Traits::TileKV{}, _1{});
-  kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, tma_view(v, kp.tma_seqlen_k, kHeadDim, kv_heads, p.batch,
+  kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, tma_view(v, kp.tma_seqlen_k, headdim, kv_heads, p.batch,
                                                      v_strides[0], v_strides[1], v_strides[2]),
                            slayout_kv, typename Traits::TileKV{}, _1{});
-  kp.tma_o = make_tma_copy(SM90_TMA_STORE{}, tma_view(static_cast<Element*>(p.out), call.seqlen_q, kHeadDim,
+  kp.tma_o = make_tma_copy(SM90_TMA_STORE{}, tma_view(static_cast<Element*>(p.out), call.seqlen_q, headdim,
                                                       call.nheads, p.batch, p.out_row_stride, p.out_head_stride,
                                                       p.out_batch_stride),
                            slayout_q, typename Traits::TileQ{}, _1{});
   kp.packed_heads = packed;
   if (packed > 1) {
-    if (Status s = encode_packed_rows<Element>(&kp.tma_q_packed, q, kHeadDim, packed, call.seqlen_q, kv_heads, p.batch,
+    if (Status s = encode_packed_rows<Element>(&kp.tma_q_packed, q, headdim, packed, call.seqlen_q, kv_heads, p.batch,
                                                p.q_row_stride, p.q_head_stride, p.q_batch_stride);
         !s.ok())
       return s;
-    if (Status s = encode_packed_rows<Element>(&kp.tma_o_packed, p.out, kHeadDim, packed, call.seqlen_q, kv_heads,
+    if (Status s = encode_packed_rows<Element>(&kp.tma_o_packed, p.out, headdim, packed, call.seqlen_q, kv_heads,
                                                p.batch, p.out_row_stride, p.out_head_stride, p.out_batch_stride);
         !s.ok())
       return s;
@@ -163,7 +166,7 @@ Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
   const int num_m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
   if (int64_t(num_m_blocks) * p.nheads * p.batch > std::numeric_limits<int>::max())
     return make_status(StatusCode::kNotSupported, "hopper path: more than 2^31 query tiles");
-  const int group_size = head_group_size(p, Traits::kBlockM, kHeadDim, sizeof(Element), l2_bytes);
+  const int group_size = head_group_size(p, Traits::kBlockM, p.headdim, sizeof(Element), l2_bytes);
   const bool partial_last_tile = p.seqlen_q % Traits::kBlockM != 0;
   // Causal: the query tiles start up to kBlockM - 64 rows before row 0, in whole consumer blocks,
   // so that the consumers a partial tile leaves idle sit in the first tile (the fewest keys), not

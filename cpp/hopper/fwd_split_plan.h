@@ -18,7 +18,8 @@ struct FwdSplitPlan {
 };
 
 // Only without a causal or window band (every tile has the same work) and with keys to split.
-// The plan is the packed call's (fwd_packed_heads.h) where query heads are packed.
+// The plan is the packed call's (fwd_packed_heads.h) where query heads are packed. `headdim`:
+// the kernel's, which sets the tile and the pieces' state (the call's may be smaller).
 inline FwdSplitPlan plan_fwd_split(const FwdKernelParams& call, int headdim, int sms) {
   FwdSplitPlan plan;
   const FwdTileSize tile =

@@ -5,8 +5,9 @@
 FAMILY is one of ampere-fwd, hopper-fwd, ampere-bwd, ampere-bwd-deterministic, hopper-bwd.
 The backward families take out and lse from a forward on the given path (``--forward-from``,
 default: the same path), so that a report can be told apart from the forward's own writes.
-Shapes: bf16 and fp16, head dims 64 and 128, GQA 2:1, causal and not, each without and with
-a sliding window and softcap, odd lengths with seqlen_q != seqlen_k.
+Shapes: bf16 and fp16, head dims 64 and 128 and, on the next larger kernels (which read and
+write only their columns), 40 and 72; GQA 2:1, causal and not, each without and with a sliding
+window and softcap, odd lengths with seqlen_q != seqlen_k.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ def _calls(family: str, forward_from: str | None) -> int:
     for dtype in (torch.bfloat16, torch.float16):
         if str(dtype).removeprefix("torch.") not in built["dtypes"]:
             continue
-        for headdim in (64, 128):
-            if headdim not in head_dims:
+        for headdim in (40, 64, 72, 128):
+            if not any(built_dim >= headdim for built_dim in head_dims):
                 continue
             for batch, seqlen_q, seqlen_k in SHAPES:
                 for causal, mask in ((c, m) for c in (False, True) for m in MASKS):

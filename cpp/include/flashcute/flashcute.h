@@ -56,6 +56,8 @@ struct AttentionForwardParams {
   int64_t seqlen_k = 0;
   int64_t nheads = 0;
   int64_t nheads_kv = 0;
+  // A multiple of 8: the call runs the smallest compiled kernel of at least this head dim,
+  // which reads and writes only these columns (build_info() lists the compiled head dims).
   int64_t headdim = 0;
 
   int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
@@ -79,8 +81,8 @@ struct AttentionForwardParams {
 
 // Bytes of the optional forward workspace for these sizes, dtype, mask and backend on
 // params.device (pointers are not read): fp32 partial results where the Hopper path splits the
-// last wave of a call without causal or window mask over all SMs (up to 2 · SMs · tile rows · (headdim + 8) · 4
-// bytes), else 0.
+// last wave of a call without causal or window mask over all SMs (up to 2 · SMs · tile rows ·
+// (kernel head dim + 8) · 4 bytes), else 0.
 FLASHCUTE_API Status attention_forward_workspace_size(const AttentionForwardParams& params, size_t* bytes,
                                                       Backend backend = Backend::kAuto);
 
@@ -110,7 +112,7 @@ struct AttentionBackwardParams {
   int64_t seqlen_k = 0;
   int64_t nheads = 0;
   int64_t nheads_kv = 0;
-  int64_t headdim = 0;
+  int64_t headdim = 0;  // as in AttentionForwardParams (the backward's own compiled head dims)
 
   int64_t dout_batch_stride = 0, dout_row_stride = 0, dout_head_stride = 0;
   int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
