@@ -35,6 +35,15 @@ struct FwdKernelParams {
   // Score hook (score_hook.h): softcap_in = softmax_scale / softcap, 0 when off, and
   // softcap_out = softcap / softmax_scale.
   float softcap_in, softcap_out;
+  // Variable-length batches (seq_view.h): null leaves the fixed sizes. With cu_seqlens_q,
+  // sequence b's queries are rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of the packed q, out
+  // and lse (batch strides 0) and seqlen_q is the longest sequence's length; likewise for keys.
+  // seqused_k: sequence b uses only its first seqused_k[b] keys. total_q / total_k: the packed
+  // tensors' rows, the bound every offset is clamped to.
+  const int* __restrict__ cu_seqlens_q;
+  const int* __restrict__ cu_seqlens_k;
+  const int* __restrict__ seqused_k;
+  int total_q, total_k;
   // Optional: the Hopper path splits its last wave when this holds the bytes
   // plan_fwd_split() asks for (hopper/fwd_split_plan.h).
   void* workspace;
@@ -91,6 +100,13 @@ struct BwdKernelParams {
   // Score hook (score_hook.h): softcap_in = softmax_scale / softcap, 0 when off, and
   // softcap_out = softcap / softmax_scale.
   float softcap_in, softcap_out;
+  // Variable-length batches, as in FwdKernelParams (seq_view.h). The workspace keeps
+  // seqlen_q_padded rows per (batch, head) whatever the layout of q: sequence b's row r is
+  // workspace row r of batch b.
+  const int* __restrict__ cu_seqlens_q;
+  const int* __restrict__ cu_seqlens_k;
+  const int* __restrict__ seqused_k;
+  int total_q, total_k;
 };
 
 // Whether the mask bounds keys by more than seqlen_k (causal diagonal or window): per-tile work

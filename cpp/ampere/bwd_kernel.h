@@ -74,9 +74,10 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   const QueryBlockRange range = query_block_range<kBlockM, kBlockN, kGeneral>(mask, n0);
   const int head_first = kv_head * params.heads_per_kv;
   const int head_end = head_first + params.heads_per_kv;
-  // A head dim below the kernel's (rounded up to it): the columns past it are zeros in shared
-  // memory and neither loaded nor stored (one uniform branch per copy, as in the forward).
-  const bool partial_cols = params.headdim < kHeadDim;
+  // A head dim below the kernel's (rounded up to it; general variant only, the others run at
+  // the register cap): the columns past it are zero-filled in shared memory and neither read
+  // nor written in global memory.
+  const bool partial_cols = kGeneral && params.headdim < kHeadDim;
 
   typename Traits::GmemTiledCopyLoad gmem_copy;
   auto gmem_thr_copy = gmem_copy.get_thread_slice(tid);
@@ -93,23 +94,11 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
     Tensor gV = make_tensor(make_gmem_ptr(v_base), TileKV{}, make_stride(params.v_row_stride, _1{}));
     Tensor sK = make_tensor(make_smem_ptr(smem), typename Traits::SmemLayoutKV{});
     Tensor sV = make_tensor(make_smem_ptr(smem + Traits::kOffsetV), typename Traits::SmemLayoutKV{});
-    if (partial_cols) {
-      Tensor tKsK = gmem_thr_copy.partition_D(sK);
-      Tensor tVsV = gmem_thr_copy.partition_D(sV);
-      clear_tile_cols(tKsK, cKV, params.headdim);
-      clear_tile_cols(tVsV, cKV, params.headdim);
-      load_tile_cols<true>(gmem_copy, gmem_thr_copy.partition_S(gK), tKsK, cKV, seqlen_k - n0, params.headdim);
-      load_tile_cols<true>(gmem_copy, gmem_thr_copy.partition_S(gV), tVsV, cKV, seqlen_k - n0, params.headdim);
-      // Every Q and dO stage's columns past the head dim, once (smem_gemm.h).
-      CUTE_UNROLL
-      for (int stage = 0; stage < kQStages; ++stage) {
-        clear_tile_cols(gmem_thr_copy.partition_D(make_tensor(make_smem_ptr(smem_q(stage)),
-                                                              typename Traits::SmemLayoutQ{})),
-                        cQ, params.headdim);
-        clear_tile_cols(gmem_thr_copy.partition_D(make_tensor(make_smem_ptr(smem_do(stage)),
-                                                              typename Traits::SmemLayoutQ{})),
-                        cQ, params.headdim);
-      }
+    if constexpr (kGeneral) {
+      load_tile_zfill(gmem_copy, gmem_thr_copy.partition_S(gK), gmem_thr_copy.partition_D(sK), cKV, seqlen_k - n0,
+                      params.headdim);
+      load_tile_zfill(gmem_copy, gmem_thr_copy.partition_S(gV), gmem_thr_copy.partition_D(sV), cKV, seqlen_k - n0,
+                      params.headdim);
     } else {
       load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gK), gmem_thr_copy.partition_D(sK), cKV, seqlen_k - n0);
       load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gV), gmem_thr_copy.partition_D(sV), cKV, seqlen_k - n0);
@@ -128,11 +117,13 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
     Tensor sQ = make_tensor(make_smem_ptr(smem_q(stage)), typename Traits::SmemLayoutQ{});
     Tensor sdO = make_tensor(make_smem_ptr(smem_do(stage)), typename Traits::SmemLayoutQ{});
     const int valid = seqlen_q - int(row0);
-    if (partial_cols) {
-      load_tile_cols<true>(gmem_copy, gmem_thr_copy.partition_S(gQ), gmem_thr_copy.partition_D(sQ), cQ, valid,
-                           params.headdim);
-      load_tile_cols<true>(gmem_copy, gmem_thr_copy.partition_S(gdO), gmem_thr_copy.partition_D(sdO), cQ, valid,
-                           params.headdim);
+    if constexpr (kGeneral) {
+      // One zero-filling cp.async per chunk, rows and the call's columns predicated: no
+      // branches (the variant runs at the register cap).
+      load_tile_zfill(gmem_copy, gmem_thr_copy.partition_S(gQ), gmem_thr_copy.partition_D(sQ), cQ, valid,
+                      params.headdim);
+      load_tile_zfill(gmem_copy, gmem_thr_copy.partition_S(gdO), gmem_thr_copy.partition_D(sdO), cQ, valid,
+                      params.headdim);
     } else if (valid < kBlockM) {
       load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gQ), gmem_thr_copy.partition_D(sQ), cQ, valid);
       load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gdO), gmem_thr_copy.partition_D(sdO), cQ, valid);

@@ -73,6 +73,27 @@ CUTE_DEVICE void load_tile_cols(TiledCopy const& tiled_copy, Src const& src, Dst
   }
 }
 
+// The same with every chunk's predicate on one zero-filling cp.async (rows past `valid_rows` and
+// columns past `valid_cols` read nothing and land as zeros): straight-line code, for loops at
+// the register cap.
+template <class TiledCopy, class Src, class Dst, class Coords>
+CUTE_DEVICE void load_tile_zfill(TiledCopy const& tiled_copy, Src const& src, Dst&& dst, Coords const& coords,
+                                 int valid_rows, int valid_cols) {
+  using namespace cute;
+  using Element = typename std::remove_reference_t<Dst>::value_type;
+  using Zfill = cute::TiledCopy<Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>, Element>,
+                                typename TiledCopy::TiledLayout_TV, typename TiledCopy::Tiler_MN>;
+  Zfill zfill;
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(dst); ++m) {
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(dst); ++k) {
+      const bool keep = get<0>(coords(0, m, k)) < valid_rows && get<1>(coords(0, m, k)) < valid_cols;
+      copy(zfill.with(keep), src(_, m, k), dst(_, m, k));
+    }
+  }
+}
+
 template <class Dst, class Coords>
 CUTE_DEVICE void clear_tile_cols(Dst&& dst, Coords const& coords, int valid_cols) {
   using namespace cute;

@@ -74,6 +74,19 @@ struct AttentionForwardParams {
   int64_t window_left = -1, window_right = -1;
   // > 0: each scaled score s becomes softcap · tanh(s / softcap) before the mask and softmax.
   float softcap = 0.f;
+  // Variable-length batches (all optional, device int32). With cu_seqlens_q (batch + 1
+  // offsets), q and out are packed (total_q, nheads, headdim): sequence b's queries are rows
+  // [cu_seqlens_q[b], cu_seqlens_q[b + 1]), seqlen_q is the longest sequence's length
+  // (max_seqlen_q), q_batch_stride and out_batch_stride are ignored, and lse is
+  // (nheads, total_q) with lse_head_stride (lse_batch_stride ignored). cu_seqlens_k does the
+  // same for k and v. seqused_k (batch): sequence b uses only its first seqused_k[b] keys, and
+  // causal and window align to that length. The values are not read on the host; whatever they
+  // are, the kernels clamp them so that no access leaves [0, total) rows or goes past
+  // max_seqlen rows of a sequence.
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+  const int32_t* seqused_k = nullptr;
+  int64_t total_q = 0, total_k = 0;  // rows of the packed tensors (with cu_seqlens)
   DType dtype = DType::kFloat16;
   int device = -1;            // CUDA device of the pointers; -1: the current device
   cudaStream_t stream = nullptr;
@@ -128,6 +141,12 @@ struct AttentionBackwardParams {
   bool causal = false;
   int64_t window_left = -1, window_right = -1;  // as in AttentionForwardParams
   float softcap = 0.f;                          // as in AttentionForwardParams
+  // Variable-length batches, as in AttentionForwardParams; dq/dout/out follow q's layout and
+  // dk/dv follow k's. Keys past seqused_k[b] get zero dk and dv.
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+  const int32_t* seqused_k = nullptr;
+  int64_t total_q = 0, total_k = 0;
   // Bitwise reproducible gradients: the Ampere path then computes dQ in its own pass over
   // query blocks instead of adding every key block's part with floating-point atomics. The
   // Hopper path always adds dQ with atomics, so with kAuto this flag picks the Ampere path
