@@ -22,6 +22,9 @@ namespace flashcute {
 struct SeqView {
   int q_start, k_start;    // first row of the sequence in the (packed or batched) q/out and k/v
   int seqlen_q, seqlen_k;  // its lengths, at most the params' seqlen_q / seqlen_k
+  // Rows of its key range in k/v/dk/dv, seqused_k aside (>= seqlen_k): the backward writes
+  // zero dK/dV to rows [seqlen_k, k_rows).
+  int k_rows;
 
   template <class KernelParams>
   CUTE_HOST_DEVICE static bool fixed(KernelParams const& p) {
@@ -30,10 +33,11 @@ struct SeqView {
 
   template <class KernelParams>
   CUTE_DEVICE static SeqView of(KernelParams const& p, int batch) {
-    SeqView v{0, 0, p.seqlen_q, p.seqlen_k};
+    SeqView v{0, 0, p.seqlen_q, p.seqlen_k, p.seqlen_k};
     if (fixed(p)) return v;
     if (p.cu_seqlens_q != nullptr) range(p.cu_seqlens_q, batch, p.total_q, p.seqlen_q, v.q_start, v.seqlen_q);
     if (p.cu_seqlens_k != nullptr) range(p.cu_seqlens_k, batch, p.total_k, p.seqlen_k, v.k_start, v.seqlen_k);
+    v.k_rows = v.seqlen_k;
     if (p.seqused_k != nullptr) v.seqlen_k = cute::min(v.seqlen_k, cute::max(p.seqused_k[batch], 0));
     return v;
   }
