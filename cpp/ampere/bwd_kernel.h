@@ -18,6 +18,10 @@
 // side (dense, causal, a window's right side); with it, also the left side, and the score hook
 // runs on S (score_hook.h) with its chain factor on dS. (The loop body is written out, not a lambda: a
 // lambda too large to inline would put the by-reference accumulators in local memory.)
+// Variable-length batches (seq_view.h) take the kGeneral variant (run_bwd): offsets, lengths and
+// mask come from the sequence's view there, while the other variants keep the fixed-length
+// code. The grid is sized from the longest sequence; a CTA whose keys start past the sequence's
+// key range exits, and one past its used keys (seqused_k) writes zero dK and dV.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -31,6 +35,7 @@
 #include "mask.h"
 #include "online_softmax.h"
 #include "score_hook.h"
+#include "seq_view.h"
 
 // Read the next k-slice of both operands before multiplying the current one (tuning knob).
 #ifndef FLASHCUTE_AMPERE_BWD_LOOKAHEAD
@@ -66,11 +71,15 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   const int batch = kAddDq ? pair / params.nheads_kv : blockIdx.z;
   const int kv_head = kAddDq ? pair % params.nheads_kv : blockIdx.y;
   const int n0 = n_block * kBlockN;
-  const int seqlen_q = params.seqlen_q;
-  const int seqlen_k = params.seqlen_k;
+  // The sequence's view; without kGeneral always the fixed-length one (constants).
+  const SeqView seq = kGeneral ? SeqView::of(params, batch)
+                               : SeqView{0, 0, params.seqlen_q, params.seqlen_k, params.seqlen_k};
+  if (kGeneral && n0 >= seq.k_rows) return;  // keys of the next sequence
+  const int seqlen_q = seq.seqlen_q;
+  const int seqlen_k = seq.seqlen_k;
   // Mask and hook are read from the kernel parameters where used (constant bank operands),
   // not held in registers: the kernels run at the register cap.
-  const MaskPolicy mask = MaskPolicy::of(params);
+  const MaskPolicy mask = seq.mask(params);
   const QueryBlockRange range = query_block_range<kBlockM, kBlockN, kGeneral>(mask, n0);
   const int head_first = kv_head * params.heads_per_kv;
   const int head_end = head_first + params.heads_per_kv;
@@ -84,12 +93,12 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   Tensor cQ = gmem_thr_copy.partition_S(make_identity_tensor(TileQ{}));
   Tensor cKV = gmem_thr_copy.partition_S(make_identity_tensor(TileKV{}));
 
-  // K and V of this key block, zero past seqlen_k.
+  // K and V of this key block, zero past seqlen_k (rows there may hold anything, NaN included).
   {
     const Element* k_base = static_cast<const Element*>(params.k) + batch * params.k_batch_stride +
-                            kv_head * params.k_head_stride + int64_t(n0) * params.k_row_stride;
+                            kv_head * params.k_head_stride + int64_t(seq.k_start + n0) * params.k_row_stride;
     const Element* v_base = static_cast<const Element*>(params.v) + batch * params.v_batch_stride +
-                            kv_head * params.v_head_stride + int64_t(n0) * params.v_row_stride;
+                            kv_head * params.v_head_stride + int64_t(seq.k_start + n0) * params.v_row_stride;
     Tensor gK = make_tensor(make_gmem_ptr(k_base), TileKV{}, make_stride(params.k_row_stride, _1{}));
     Tensor gV = make_tensor(make_gmem_ptr(v_base), TileKV{}, make_stride(params.v_row_stride, _1{}));
     Tensor sK = make_tensor(make_smem_ptr(smem), typename Traits::SmemLayoutKV{});
@@ -108,10 +117,11 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   // Q and dO of query block m of head h into a stage, zero past seqlen_q.
   auto load_q_do = [&](int h, int m, int stage) {
     const int64_t row0 = int64_t(m) * kBlockM;
+    const int64_t tensor_row0 = seq.q_start + row0;
     const Element* q_base = static_cast<const Element*>(params.q) + batch * params.q_batch_stride +
-                            h * params.q_head_stride + row0 * params.q_row_stride;
+                            h * params.q_head_stride + tensor_row0 * params.q_row_stride;
     const Element* do_base = static_cast<const Element*>(params.dout) + batch * params.dout_batch_stride +
-                             h * params.dout_head_stride + row0 * params.dout_row_stride;
+                             h * params.dout_head_stride + tensor_row0 * params.dout_row_stride;
     Tensor gQ = make_tensor(make_gmem_ptr(q_base), TileQ{}, make_stride(params.q_row_stride, _1{}));
     Tensor gdO = make_tensor(make_gmem_ptr(do_base), TileQ{}, make_stride(params.dout_row_stride, _1{}));
     Tensor sQ = make_tensor(make_smem_ptr(smem_q(stage)), typename Traits::SmemLayoutQ{});
@@ -216,7 +226,8 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
       }
 
       const int row0 = m * kBlockM;
-      const float* lse_base = params.lse + batch * params.lse_batch_stride + h * params.lse_head_stride;
+      const float* lse_base =
+          params.lse + batch * params.lse_batch_stride + h * params.lse_head_stride + seq.q_start;
       const float* row_dot_base =
           params.row_dot + (int64_t(batch) * params.nheads + h) * params.seqlen_q_padded;
       const int thread_row = row0 + get<0>(tScS(0));
@@ -327,7 +338,8 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   }
 
   // Epilogue: dK scaled, both converted and staged through K/V's shared memory for 16-byte
-  // row stores; keys past seqlen_k are not written.
+  // row stores; keys past the key range are not written (those in [seqlen_k, k_rows), past
+  // seqused_k, get the zeros their masked scores left).
   CUTE_UNROLL
   for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= params.softmax_scale;
   Tensor dk = convert_fragment<Element>(acc_dk);
@@ -341,9 +353,9 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   __syncthreads();
 
   Element* dk_base = static_cast<Element*>(params.dk) + batch * params.dk_batch_stride +
-                     kv_head * params.dk_head_stride + int64_t(n0) * params.dk_row_stride;
+                     kv_head * params.dk_head_stride + int64_t(seq.k_start + n0) * params.dk_row_stride;
   Element* dv_base = static_cast<Element*>(params.dv) + batch * params.dv_batch_stride +
-                     kv_head * params.dv_head_stride + int64_t(n0) * params.dv_row_stride;
+                     kv_head * params.dv_head_stride + int64_t(seq.k_start + n0) * params.dv_row_stride;
   Tensor gdK = make_tensor(make_gmem_ptr(dk_base), TileKV{}, make_stride(params.dk_row_stride, _1{}));
   Tensor gdV = make_tensor(make_gmem_ptr(dv_base), TileKV{}, make_stride(params.dv_row_stride, _1{}));
   typename Traits::GmemTiledCopyStore gmem_store;
@@ -358,13 +370,13 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   copy(gmem_store, tsV, trV);
   Tensor tcKV = gmem_thr_store.partition_D(make_identity_tensor(TileKV{}));
   if (partial_cols) {
-    store_tile_cols(gmem_store, trK, tgK, tcKV, seqlen_k - n0, params.headdim);
-    store_tile_cols(gmem_store, trV, tgV, tcKV, seqlen_k - n0, params.headdim);
+    store_tile_cols(gmem_store, trK, tgK, tcKV, seq.k_rows - n0, params.headdim);
+    store_tile_cols(gmem_store, trV, tgV, tcKV, seq.k_rows - n0, params.headdim);
     return;
   }
   CUTE_UNROLL
   for (int r = 0; r < size<1>(tgK); ++r) {
-    if (n0 + get<0>(tcKV(0, r, 0)) < seqlen_k) {
+    if (n0 + get<0>(tcKV(0, r, 0)) < seq.k_rows) {
       copy(gmem_store, trK(_, r, _), tgK(_, r, _));
       copy(gmem_store, trV(_, r, _), tgV(_, r, _));
     }

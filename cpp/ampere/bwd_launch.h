@@ -19,6 +19,7 @@
 #include "bwd_rowwise.h"
 #include "bwd_workspace.h"
 #include "launch_status.h"
+#include "seq_view.h"
 
 namespace flashcute::ampere {
 
@@ -75,11 +76,11 @@ Status launch_bwd_chunk(Kernel kernel, const BwdKernelParams& params, int pair_b
 
 template <class Element, int kHeadDim>
 Status run_bwd(const BwdKernelParams& call, cudaStream_t stream) {
-  // Softcap, windows and a head dim below the kernel's take the general dK/dV kernel
-  // (bwd_kernel.h) with the atomic-free design, whose dQ pass handles them at no register
-  // cost: dq_accum stays unused.
+  // Softcap, windows, a head dim below the kernel's and variable-length batches take the
+  // general dK/dV kernel (bwd_kernel.h) with the atomic-free design, whose dQ pass handles
+  // them at no register cost: dq_accum stays unused.
   const bool general = call.softcap_in != 0.f || !MaskPolicy::of(call).dense_or_causal() ||
-                       call.headdim < kHeadDim;
+                       call.headdim < kHeadDim || !SeqView::fixed(call);
   BwdKernelParams params = call;
   if (general) params.dq_accum = nullptr;
   using Traits90 = typename BwdTraitsFor<Element, kHeadDim, 90>::type;
