@@ -29,13 +29,18 @@ Status prepare_bwd(Kernel kernel, int device) {
   static_assert(kSmem <= 227 * 1024);
   int smem_optin = 0;
   cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  if (kSmem > smem_optin) {
+  // The kernel's static shared memory (the general variant's sequence view) comes on top.
+  cudaFuncAttributes attributes{};
+  if (cudaError_t err = cudaFuncGetAttributes(&attributes, kernel); err != cudaSuccess)
+    return cuda_status(err, "cudaFuncGetAttributes");
+  const int smem_total = kSmem + static_cast<int>(attributes.sharedSizeBytes);
+  if (smem_total > smem_optin) {
     return make_status(StatusCode::kNotSupported,
                        "ampere path backward, headdim %d: needs %d bytes of shared memory per "
                        "block, the device allows %d",
-                       Traits::kHeadDim, kSmem, smem_optin);
+                       Traits::kHeadDim, smem_total, smem_optin);
   }
-  if (kSmem > 48 * 1024)
+  if (smem_total > 48 * 1024)
     return cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                        "cudaFuncSetAttribute");
   return Status{};
