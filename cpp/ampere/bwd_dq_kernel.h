@@ -6,6 +6,8 @@
 //
 // The structure follows the forward kernel: warps split the query rows, K/V stream through a
 // two-stage cp.async pipeline, and dS stays in registers as the A operand of dQ += dS·K.
+// Variable-length batches (seq_view.h) as in the forward: a CTA whose rows start past its
+// sequence's end exits, and offsets, lengths and mask come from the sequence's view.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -19,6 +21,7 @@
 #include "mask.h"
 #include "online_softmax.h"
 #include "score_hook.h"
+#include "seq_view.h"
 
 namespace flashcute::ampere {
 
@@ -80,23 +83,27 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
   const int batch = blockIdx.z;
   const int kv_head = head / params.heads_per_kv;
   const int row0 = m_block * kBlockM;
-  const int seqlen_q = params.seqlen_q;
-  const int seqlen_k = params.seqlen_k;
-  // Mask and hook are read from the kernel parameters where used (constant bank operands),
-  // not held in registers: the kernels run at the register cap.
-  const KeyBlockRange range = key_block_range<kBlockN>(MaskPolicy::of(params), row0, kBlockM);
+  const SeqView seq = SeqView::of(params, batch);
+  if (row0 >= seq.seqlen_q) return;  // rows of the next sequence
+  const int seqlen_q = seq.seqlen_q;
+  const int seqlen_k = seq.seqlen_k;
+  // The hook is read from the kernel parameters where used (constant bank operands), not held
+  // in registers: the kernels run at the register cap.
+  const KeyBlockRange range = key_block_range<kBlockN>(seq.mask(params), row0, kBlockM);
   // A head dim below the kernel's (rounded up to it): the columns past it are zeros in shared
   // memory and neither loaded nor stored (one uniform branch per copy, as in the forward).
   const bool partial_cols = params.headdim < kHeadDim;
 
   const Element* q_base = static_cast<const Element*>(params.q) + batch * params.q_batch_stride +
-                          head * params.q_head_stride + int64_t(row0) * params.q_row_stride;
+                          head * params.q_head_stride + int64_t(seq.q_start + row0) * params.q_row_stride;
   const Element* do_base = static_cast<const Element*>(params.dout) + batch * params.dout_batch_stride +
-                           head * params.dout_head_stride + int64_t(row0) * params.dout_row_stride;
+                           head * params.dout_head_stride + int64_t(seq.q_start + row0) * params.dout_row_stride;
+  // Key rows past seqlen_k land as zeros (load_kv's first, partial block): they may hold
+  // anything (the next sequence, unused keys past seqused_k), and 0 · NaN would poison dP.
   const Element* k_base = static_cast<const Element*>(params.k) + batch * params.k_batch_stride +
-                          kv_head * params.k_head_stride;
+                          kv_head * params.k_head_stride + int64_t(seq.k_start) * params.k_row_stride;
   const Element* v_base = static_cast<const Element*>(params.v) + batch * params.v_batch_stride +
-                          kv_head * params.v_head_stride;
+                          kv_head * params.v_head_stride + int64_t(seq.k_start) * params.v_row_stride;
 
   typename Traits::GmemTiledCopyLoad gmem_copy;
   auto gmem_thr_copy = gmem_copy.get_thread_slice(tid);
@@ -188,7 +195,8 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
   // rowsum(dO∘O) are read once.
   float lse_log2[kRows], row_dot[kRows];
   {
-    const float* lse_base = params.lse + batch * params.lse_batch_stride + head * params.lse_head_stride;
+    const float* lse_base =
+        params.lse + batch * params.lse_batch_stride + head * params.lse_head_stride + seq.q_start;
     const float* row_dot_base =
         params.row_dot + (int64_t(batch) * params.nheads + head) * params.seqlen_q_padded;
     CUTE_UNROLL
@@ -221,7 +229,7 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
     Tensor acc_s_rc = rowcol_view(acc_s);
     if (ScoreHook::of(params).active()) ScoreHook::of(params).apply(acc_s);
     if (range.needs_mask(n_block))  // warp-uniform
-      MaskPolicy::of(params).apply(acc_s_rc, score_offsets_rc, thread_row, n_block * kBlockN + thread_col);
+      seq.mask(params).apply(acc_s_rc, score_offsets_rc, thread_row, n_block * kBlockN + thread_col);
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       CUTE_UNROLL
@@ -275,7 +283,7 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
   __syncthreads();
 
   Element* dq_base = static_cast<Element*>(params.dq) + batch * params.dq_batch_stride +
-                     head * params.dq_head_stride + int64_t(row0) * params.dq_row_stride;
+                     head * params.dq_head_stride + int64_t(seq.q_start + row0) * params.dq_row_stride;
   Tensor gdQ = make_tensor(make_gmem_ptr(dq_base), TileQ{}, make_stride(params.dq_row_stride, _1{}));
   typename Traits::GmemTiledCopyStore gmem_store;
   auto gmem_thr_store = gmem_store.get_thread_slice(tid);
