@@ -142,12 +142,34 @@ def attention_varlen(
             causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, backend=backend,
             out=out, deterministic=deterministic, window=window, softcap=softcap,
         )
-    _refuse_grad_with_out(q, k, v, out)
+    if out is not None:
+        _refuse_grad_with_out(q, k, v, out)
+    _refuse_grad_beside_other_arrays(
+        q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k
+    )
     return attention_varlen_dlpack(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=seqused_k,
         causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, out=out,
         backend=backend, window=window, softcap=softcap,
     )
+
+
+def _refuse_grad_beside_other_arrays(**arguments: Any) -> None:
+    """TypeError naming the first argument that is not a torch.Tensor when a torch input
+    requires grad: only all-torch calls take the differentiable routes."""
+    import sys
+
+    torch = sys.modules.get("torch")  # torch tensors exist only if torch was imported
+    if torch is None or not torch.is_grad_enabled():
+        return
+    if not any(isinstance(x, torch.Tensor) and x.requires_grad for x in arguments.values()):
+        return
+    for name, x in arguments.items():
+        if x is not None and not isinstance(x, torch.Tensor):
+            raise TypeError(
+                f"{name}: expected a torch.Tensor, got {type_name(x)}: q, k or v requires grad, "
+                f"and only calls on torch tensors alone are differentiable"
+            )
 
 
 def attention_varlen_dlpack(
