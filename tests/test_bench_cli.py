@@ -1126,7 +1126,7 @@ def test_parse_varlen() -> None:
 
 
 @pytest.mark.parametrize("extra", [["--shape", "1,128,128,4,4,64"], ["--window", "4,0"],
-                                   ["--softcap", "3"], ["--plot", "x.png"]])
+                                   ["--softcap", "3"], ["--plot", "x.png"], ["--check"]])
 def test_parse_varlen_refuses_other_modes(extra: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     from flashcute.bench import parse_args
 

@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(up to 8192) against the same fixed-length batch; 'packed' packs lengths drawn from "
         "128..8192 (--seed) summing to 16384 against the fixed-length batch at their mean "
         "length. FLOPs count each sequence's own (query, key) pairs. flashcute only; not with "
-        "--shape, --window, --softcap or --plot")
+        "--shape, --window, --softcap, --check or --plot")
     add("--dtype", choices=grid.DTYPE_CHOICES, default="bf16", help="default: bf16")
     add("--impls", type=_impl_list, default=None,
         help=f"comma-separated subset of {', '.join(grid.IMPLS)} (default: all available)")
@@ -199,7 +199,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         given = [flag for flag, on in (("--shape", bool(args.shapes)), ("--plot", args.plot),
                                        ("--window", tuple(args.window) != grid.NO_WINDOW),
                                        ("--softcap", args.softcap > 0.0),
-                                       ("--with-dense", args.with_dense)) if on]
+                                       ("--with-dense", args.with_dense),
+                                       ("--check", args.check)) if on]
         if given:
             parser.error(f"--varlen times packed batches on its own; it cannot be combined "
                          f"with {' or '.join(given)}")
