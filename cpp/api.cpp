@@ -105,9 +105,60 @@ const char* backend_name(Backend backend) { return backend == Backend::kHopper ?
 
 Status invalid(const char* msg) { return make_status(StatusCode::kInvalidArgument, "%s", msg); }
 
+// Whether the call has variable-length sequences (seq_view.h): packed rows or used key prefixes.
+template <class Params>
+bool varlen(const Params& p) {
+  return p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr || p.seqused_k != nullptr;
+}
+
+// The sizes of a variable-length call (the offsets themselves are device data, not read here):
+// at least one sequence, and packed row counts whose offsets, plus a tile's overhang past the
+// longest sequence, fit the kernels' 32-bit row indices.
+template <class Params>
+Status check_varlen(const Params& p) {
+  if (!varlen(p)) return Status{};
+  if (p.batch < 1)
+    return make_status(StatusCode::kInvalidArgument,
+                       "batch: expected at least 1 sequence with cu_seqlens_q, cu_seqlens_k or seqused_k, "
+                       "got %lld",
+                       static_cast<long long>(p.batch));
+  constexpr int64_t kMaxRows = std::numeric_limits<int32_t>::max() - 256;
+  const struct {
+    const char* name;
+    const int32_t* cu_seqlens;
+    int64_t total, max_seqlen;
+  } sides[] = {{"total_q", p.cu_seqlens_q, p.total_q, p.seqlen_q}, {"total_k", p.cu_seqlens_k, p.total_k, p.seqlen_k}};
+  for (const auto& side : sides) {
+    if (side.cu_seqlens == nullptr) continue;
+    if (side.total < 0)
+      return make_status(StatusCode::kInvalidArgument, "%s: expected the packed tensors' rows (>= 0), got %lld",
+                         side.name, static_cast<long long>(side.total));
+    if (side.total > kMaxRows - side.max_seqlen)
+      return make_status(StatusCode::kInvalidArgument,
+                         "%s: %lld rows plus the longest sequence (%lld) must fit in 32 bits",
+                         side.name, static_cast<long long>(side.total), static_cast<long long>(side.max_seqlen));
+  }
+  return Status{};
+}
+
+// The params a variable-length call runs with: the longest sequence of a packed side can be no
+// longer than its rows (seq_view.h clamps every range to them), which bounds the grid and the
+// backward's workspace rows without changing any result.
+template <class Params>
+Params bounded(Params p) {
+  if (p.cu_seqlens_q != nullptr) p.seqlen_q = std::min(p.seqlen_q, std::max<int64_t>(p.total_q, 0));
+  if (p.cu_seqlens_k != nullptr) p.seqlen_k = std::min(p.seqlen_k, std::max<int64_t>(p.total_k, 0));
+  return p;
+}
+
 // Sizes, dtype, scale, window and softcap: the checks the forward and the backward share.
 template <class Params>
 Status check_problem(const Params& p) {
+  if (varlen(p) && (p.seqlen_q < 0 || p.seqlen_k < 0))
+    return make_status(StatusCode::kInvalidArgument,
+                       "seqlen_q, seqlen_k: expected the longest sequences' lengths (max_seqlen_q, "
+                       "max_seqlen_k, >= 0), got %lld and %lld",
+                       static_cast<long long>(p.seqlen_q), static_cast<long long>(p.seqlen_k));
   if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.nheads < 0 || p.nheads_kv < 0 || p.headdim <= 0)
     return invalid("sizes must be non-negative and headdim positive");
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16)
@@ -127,6 +178,7 @@ Status check_problem(const Params& p) {
     return make_status(StatusCode::kNotSupported, "batch and nheads must be at most %lld", kMaxGrid);
   if (p.seqlen_q + p.seqlen_k > kMaxInt - 256)
     return invalid("seqlen_q + seqlen_k must fit in 32 bits");
+  if (Status s = check_varlen(p); !s.ok()) return s;
   if (p.window_left < -1) return invalid("window_left: expected -1 (unbounded) or a value >= 0");
   if (p.window_right < -1) return invalid("window_right: expected -1 (unbounded) or a value >= 0");
   // The score hook runs softcap / softmax_scale and its inverse in float32.
@@ -137,6 +189,22 @@ Status check_problem(const Params& p) {
   return Status{};
 }
 
+// A packed side (cu_seqlens) is one (1, total, heads, headdim) tensor whose batch stride is
+// ignored; a batched side is (batch, seqlen, heads, headdim).
+struct Rows {
+  int64_t batch, rows;
+  bool packed;
+  int64_t batch_stride(int64_t given) const { return packed ? 0 : given; }
+};
+template <class Params>
+Rows q_rows(const Params& p) {
+  return p.cu_seqlens_q != nullptr ? Rows{1, p.total_q, true} : Rows{p.batch, p.seqlen_q, false};
+}
+template <class Params>
+Rows k_rows(const Params& p) {
+  return p.cu_seqlens_k != nullptr ? Rows{1, p.total_k, true} : Rows{p.batch, p.seqlen_k, false};
+}
+
 Status check_forward(const AttentionForwardParams& p) {
   if (Status s = check_problem(p); !s.ok()) return s;
   const bool empty = p.batch == 0 || p.seqlen_q == 0 || p.nheads == 0;
@@ -144,18 +212,20 @@ Status check_forward(const AttentionForwardParams& p) {
   if (p.q == nullptr || p.out == nullptr || (p.seqlen_k > 0 && (p.k == nullptr || p.v == nullptr)))
     return invalid("q, k, v and out must not be null");
   const bool has_k = p.seqlen_k > 0;
+  const Rows qr = q_rows(p), kr = k_rows(p);
   const Operand inputs[] = {
-      tensor4("q", p.q, p.batch, p.seqlen_q, p.nheads, p.headdim, p.q_batch_stride, p.q_row_stride,
+      tensor4("q", p.q, qr.batch, qr.rows, p.nheads, p.headdim, qr.batch_stride(p.q_batch_stride), p.q_row_stride,
               p.q_head_stride, 2),
-      tensor4("k", p.k, p.batch, p.seqlen_k, p.nheads_kv, p.headdim, p.k_batch_stride, p.k_row_stride,
-              p.k_head_stride, 2, has_k),
-      tensor4("v", p.v, p.batch, p.seqlen_k, p.nheads_kv, p.headdim, p.v_batch_stride, p.v_row_stride,
-              p.v_head_stride, 2, has_k),
+      tensor4("k", p.k, kr.batch, kr.rows, p.nheads_kv, p.headdim, kr.batch_stride(p.k_batch_stride),
+              p.k_row_stride, p.k_head_stride, 2, has_k),
+      tensor4("v", p.v, kr.batch, kr.rows, p.nheads_kv, p.headdim, kr.batch_stride(p.v_batch_stride),
+              p.v_row_stride, p.v_head_stride, 2, has_k),
   };
   const Operand outputs[] = {
-      tensor4("out", p.out, p.batch, p.seqlen_q, p.nheads, p.headdim, p.out_batch_stride, p.out_row_stride,
-              p.out_head_stride, 2),
-      lse_tensor("lse", p.lse, p.batch, p.nheads, p.seqlen_q, p.lse_batch_stride, p.lse_head_stride),
+      tensor4("out", p.out, qr.batch, qr.rows, p.nheads, p.headdim, qr.batch_stride(p.out_batch_stride),
+              p.out_row_stride, p.out_head_stride, 2),
+      lse_tensor("lse", p.lse, qr.batch, p.nheads, qr.rows, qr.batch_stride(p.lse_batch_stride),
+                 p.lse_head_stride),
       bytes_buffer("workspace", p.workspace, p.workspace_bytes),
   };
   for (const Operand& o : inputs)
@@ -186,6 +256,16 @@ void set_mask_and_hook(Kernel& k, const Params& p) {
   k.softcap_out = p.softcap > 0.f ? p.softcap / p.softmax_scale : 0.f;
 }
 
+// The sequence view's fields (seq_view.h); the packed row counts only with their offsets.
+template <class Kernel, class Params>
+void set_varlen(Kernel& k, const Params& p) {
+  k.cu_seqlens_q = p.cu_seqlens_q;
+  k.cu_seqlens_k = p.cu_seqlens_k;
+  k.seqused_k = p.seqused_k;
+  k.total_q = p.cu_seqlens_q != nullptr ? static_cast<int>(p.total_q) : 0;
+  k.total_k = p.cu_seqlens_k != nullptr ? static_cast<int>(p.total_k) : 0;
+}
+
 FwdKernelParams kernel_params(const AttentionForwardParams& p) {
   FwdKernelParams k{};
   k.q = p.q, k.k = p.k, k.v = p.v, k.out = p.out, k.lse = p.lse;
@@ -195,6 +275,8 @@ FwdKernelParams kernel_params(const AttentionForwardParams& p) {
   k.out_batch_stride = p.out_batch_stride, k.out_row_stride = p.out_row_stride;
   k.out_head_stride = p.out_head_stride;
   k.lse_batch_stride = p.lse_batch_stride, k.lse_head_stride = p.lse_head_stride;
+  if (p.cu_seqlens_q != nullptr) k.q_batch_stride = k.out_batch_stride = k.lse_batch_stride = 0;
+  if (p.cu_seqlens_k != nullptr) k.k_batch_stride = k.v_batch_stride = 0;
   k.batch = static_cast<int>(p.batch);
   k.seqlen_q = static_cast<int>(p.seqlen_q);
   k.seqlen_k = static_cast<int>(p.seqlen_k);
@@ -205,8 +287,10 @@ FwdKernelParams kernel_params(const AttentionForwardParams& p) {
   k.scale_log2 = p.softmax_scale * 1.4426950408889634f;
   k.causal = p.causal;
   set_mask_and_hook(k, p);
-  k.workspace = p.workspace;
-  k.workspace_bytes = p.workspace == nullptr ? 0 : p.workspace_bytes;
+  set_varlen(k, p);
+  // Variable-length calls never split (their tiles' work differs per sequence).
+  k.workspace = varlen(p) ? nullptr : p.workspace;
+  k.workspace_bytes = k.workspace == nullptr ? 0 : p.workspace_bytes;
   return k;
 }
 
@@ -219,7 +303,7 @@ BwdWorkspace workspace_layout(const AttentionBackwardParams& p, Backend resolved
   return bwd_workspace(p.batch, p.nheads, p.nheads_kv, p.seqlen_q, p.seqlen_k,
                        kernel_headdim > 0 ? kernel_headdim : p.headdim,
                        /*lse_log2=*/hopper, /*dq_accum=*/hopper || !p.deterministic, /*dq_ready=*/hopper,
-                       /*tail_split=*/hopper && hopper_bwd_tail_split(requests_band(p)));
+                       /*tail_split=*/hopper && !varlen(p) && hopper_bwd_tail_split(requests_band(p)));
 }
 
 Status check_backward(const AttentionBackwardParams& p) {
@@ -230,26 +314,28 @@ Status check_backward(const AttentionBackwardParams& p) {
                  p.dq == nullptr)) ||
       (has_k && (p.k == nullptr || p.v == nullptr || p.dk == nullptr || p.dv == nullptr)))
     return invalid("dout, q, k, v, out, lse, dq, dk and dv must not be null");
+  const Rows qr = q_rows(p), kr = k_rows(p);
+  auto q_like = [&](const char* name, const void* ptr, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
+    return tensor4(name, ptr, qr.batch, qr.rows, p.nheads, p.headdim, qr.batch_stride(batch_stride), row_stride,
+                   head_stride, 2, has_q);
+  };
+  auto k_like = [&](const char* name, const void* ptr, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
+    return tensor4(name, ptr, kr.batch, kr.rows, p.nheads_kv, p.headdim, kr.batch_stride(batch_stride), row_stride,
+                   head_stride, 2, has_k);
+  };
   const Operand inputs[] = {
-      tensor4("dout", p.dout, p.batch, p.seqlen_q, p.nheads, p.headdim, p.dout_batch_stride, p.dout_row_stride,
-              p.dout_head_stride, 2, has_q),
-      tensor4("q", p.q, p.batch, p.seqlen_q, p.nheads, p.headdim, p.q_batch_stride, p.q_row_stride,
-              p.q_head_stride, 2, has_q),
-      tensor4("k", p.k, p.batch, p.seqlen_k, p.nheads_kv, p.headdim, p.k_batch_stride, p.k_row_stride,
-              p.k_head_stride, 2, has_k),
-      tensor4("v", p.v, p.batch, p.seqlen_k, p.nheads_kv, p.headdim, p.v_batch_stride, p.v_row_stride,
-              p.v_head_stride, 2, has_k),
-      tensor4("out", p.out, p.batch, p.seqlen_q, p.nheads, p.headdim, p.out_batch_stride, p.out_row_stride,
-              p.out_head_stride, 2, has_q),
-      lse_tensor("lse", p.lse, p.batch, p.nheads, p.seqlen_q, p.lse_batch_stride, p.lse_head_stride, has_q),
+      q_like("dout", p.dout, p.dout_batch_stride, p.dout_row_stride, p.dout_head_stride),
+      q_like("q", p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
+      k_like("k", p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
+      k_like("v", p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride),
+      q_like("out", p.out, p.out_batch_stride, p.out_row_stride, p.out_head_stride),
+      lse_tensor("lse", p.lse, qr.batch, p.nheads, qr.rows, qr.batch_stride(p.lse_batch_stride), p.lse_head_stride,
+                 has_q),
   };
   const Operand outputs[] = {
-      tensor4("dq", p.dq, p.batch, p.seqlen_q, p.nheads, p.headdim, p.dq_batch_stride, p.dq_row_stride,
-              p.dq_head_stride, 2, has_q),
-      tensor4("dk", p.dk, p.batch, p.seqlen_k, p.nheads_kv, p.headdim, p.dk_batch_stride, p.dk_row_stride,
-              p.dk_head_stride, 2, has_k),
-      tensor4("dv", p.dv, p.batch, p.seqlen_k, p.nheads_kv, p.headdim, p.dv_batch_stride, p.dv_row_stride,
-              p.dv_head_stride, 2, has_k),
+      q_like("dq", p.dq, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride),
+      k_like("dk", p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride),
+      k_like("dv", p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride),
       bytes_buffer("workspace", p.workspace, p.workspace_bytes),
   };
   for (const Operand& o : inputs)  // lse is read as single floats
@@ -300,6 +386,10 @@ BwdKernelParams kernel_params(const AttentionBackwardParams& p, Backend resolved
   k.dk_batch_stride = p.dk_batch_stride, k.dk_row_stride = p.dk_row_stride, k.dk_head_stride = p.dk_head_stride;
   k.dv_batch_stride = p.dv_batch_stride, k.dv_row_stride = p.dv_row_stride, k.dv_head_stride = p.dv_head_stride;
   k.lse_batch_stride = p.lse_batch_stride, k.lse_head_stride = p.lse_head_stride;
+  if (p.cu_seqlens_q != nullptr)
+    k.q_batch_stride = k.out_batch_stride = k.dout_batch_stride = k.dq_batch_stride = k.lse_batch_stride = 0;
+  if (p.cu_seqlens_k != nullptr) k.k_batch_stride = k.v_batch_stride = k.dk_batch_stride = k.dv_batch_stride = 0;
+  set_varlen(k, p);
   k.batch = static_cast<int>(p.batch);
   k.seqlen_q = static_cast<int>(p.seqlen_q);
   k.seqlen_k = static_cast<int>(p.seqlen_k);
@@ -429,7 +519,8 @@ Status find_launcher(const Params& params, Backend backend, Launcher (*find)(Bac
 
 }  // namespace
 
-Status attention_forward(const AttentionForwardParams& params, Backend backend) {
+Status attention_forward(const AttentionForwardParams& given, Backend backend) {
+  const AttentionForwardParams params = bounded(given);
   if (Status s = check_forward(params); !s.ok()) return s;
   if (params.batch == 0 || params.seqlen_q == 0 || params.nheads == 0) return Status{};
   FwdLauncher launch = nullptr;
@@ -442,11 +533,13 @@ Status attention_forward(const AttentionForwardParams& params, Backend backend) 
   return launch(kernel_params(params), params.stream);
 }
 
-Status attention_forward_workspace_size(const AttentionForwardParams& params, size_t* bytes, Backend backend) {
+Status attention_forward_workspace_size(const AttentionForwardParams& given, size_t* bytes, Backend backend) {
   if (bytes == nullptr) return invalid("bytes must not be null");
   *bytes = 0;
+  const AttentionForwardParams params = bounded(given);
   if (Status s = check_problem(params); !s.ok()) return s;
   if (params.batch == 0 || params.seqlen_q == 0 || params.nheads == 0) return Status{};  // launches nothing
+  if (varlen(params)) return Status{};  // variable-length calls never split
   // Only the Hopper path splits its last wave, and only on a device that runs it.
   int capability = 0;
   if (backend == Backend::kAmpere || !device_capability(params.device, &capability).ok()) return Status{};
@@ -463,9 +556,10 @@ Status attention_forward_workspace_size(const AttentionForwardParams& params, si
   return Status{};
 }
 
-Status attention_backward_workspace_size(const AttentionBackwardParams& params, size_t* bytes,
+Status attention_backward_workspace_size(const AttentionBackwardParams& given, size_t* bytes,
                                          Backend backend) {
   if (bytes == nullptr) return invalid("bytes must not be null");
+  const AttentionBackwardParams params = bounded(given);
   if (Status s = check_problem(params); !s.ok()) return s;
   const bool hopper_kernel =
       bwd_kernel_headdim(Backend::kHopper, params.dtype, lookup_headdim(params.headdim)) > 0;
@@ -484,7 +578,8 @@ Status attention_backward_workspace_size(const AttentionBackwardParams& params, 
   return Status{};
 }
 
-Status attention_backward(const AttentionBackwardParams& params, Backend backend) {
+Status attention_backward(const AttentionBackwardParams& given, Backend backend) {
+  const AttentionBackwardParams params = bounded(given);
   if (Status s = check_backward(params); !s.ok()) return s;
   if (params.batch == 0 || params.nheads == 0 || (params.seqlen_q == 0 && params.seqlen_k == 0))
     return Status{};
