@@ -51,7 +51,7 @@ CUTE_DEVICE SeqView* shared_seq_view() {
   return &view;
 }
 
-template <class Traits, bool kAddDq, bool kGeneral, bool kPartialCols>
+template <class Traits, bool kAddDq, bool kGeneral>
 CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   using namespace cute;
   using Element = typename Traits::Element;
@@ -96,9 +96,10 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   const QueryBlockRange range = query_block_range<kBlockM, kBlockN, kGeneral>(seq0.mask(params), n0);
   const int head_first = kv_head * params.heads_per_kv;
   const int head_end = head_first + params.heads_per_kv;
-  // kPartialCols: a head dim below the kernel's (rounded up to it; a variant of its own, as
-  // the column predicates cost registers): the columns past it are zero-filled in shared memory
-  // and neither read nor written in global memory.
+  // A head dim below the kernel's (rounded up to it; general variant only, the others run at
+  // the register cap): the columns past it are zero-filled in shared memory and neither read
+  // nor written in global memory.
+  const bool partial_cols = kGeneral && params.headdim < kHeadDim;
 
   typename Traits::GmemTiledCopyLoad gmem_copy;
   auto gmem_thr_copy = gmem_copy.get_thread_slice(tid);
@@ -115,7 +116,7 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
     Tensor gV = make_tensor(make_gmem_ptr(v_base), TileKV{}, make_stride(params.v_row_stride, _1{}));
     Tensor sK = make_tensor(make_smem_ptr(smem), typename Traits::SmemLayoutKV{});
     Tensor sV = make_tensor(make_smem_ptr(smem + Traits::kOffsetV), typename Traits::SmemLayoutKV{});
-    if constexpr (kPartialCols) {
+    if constexpr (kGeneral) {
       load_tile_zfill(gmem_copy, gmem_thr_copy.partition_S(gK), gmem_thr_copy.partition_D(sK), cKV, seqlen_k - n0,
                       params.headdim);
       load_tile_zfill(gmem_copy, gmem_thr_copy.partition_S(gV), gmem_thr_copy.partition_D(sV), cKV, seqlen_k - n0,
@@ -139,7 +140,7 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
     Tensor sQ = make_tensor(make_smem_ptr(smem_q(stage)), typename Traits::SmemLayoutQ{});
     Tensor sdO = make_tensor(make_smem_ptr(smem_do(stage)), typename Traits::SmemLayoutQ{});
     const int valid = seq().seqlen_q - int(row0);
-    if constexpr (kPartialCols) {
+    if constexpr (kGeneral) {
       // One zero-filling cp.async per chunk, rows and the call's columns predicated: no
       // branches (the variant runs at the register cap).
       load_tile_zfill(gmem_copy, gmem_thr_copy.partition_S(gQ), gmem_thr_copy.partition_D(sQ), cQ, valid,
@@ -382,7 +383,7 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   copy(gmem_store, tsK, trK);
   copy(gmem_store, tsV, trV);
   Tensor tcKV = gmem_thr_store.partition_D(make_identity_tensor(TileKV{}));
-  if constexpr (kPartialCols) {
+  if (partial_cols) {
     store_tile_cols(gmem_store, trK, tgK, tcKV, seq().k_rows - n0, params.headdim);
     store_tile_cols(gmem_store, trV, tgV, tcKV, seq().k_rows - n0, params.headdim);
     return;
@@ -396,18 +397,17 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   }
 }
 
-// One kernel symbol per (dtype, head dim, dQ design, general, partial columns); tile shapes
-// follow the code generation it was compiled for (see bwd_config.h). This kernel sits at the
-// register cap, where runtime branches for softcap, a window's left side and a head dim below
-// the kernel's made ptxas spill: they are template switches here (kGeneral, kPartialCols),
-// compiled with the atomic-free design only (run_bwd).
-template <class Element, int kHeadDim, bool kAddDq, bool kGeneral = false, bool kPartialCols = false>
+// One kernel symbol per (dtype, head dim, dQ design, general); tile shapes follow the code
+// generation it was compiled for (see bwd_config.h). This kernel sits at the register cap, where
+// runtime branches for softcap and a window's left side made ptxas spill: they are a template
+// switch here (kGeneral), compiled with the atomic-free design only (run_bwd).
+template <class Element, int kHeadDim, bool kAddDq, bool kGeneral = false>
 __global__ void __launch_bounds__(
     BwdTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type::kNThreads, 1)
     bwd_kernel(__grid_constant__ const BwdKernelParams params, int pair_begin) {
 #if defined(__CUDA_ARCH__)
-  bwd_block<typename BwdTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type, kAddDq, kGeneral,
-            kPartialCols>(params, pair_begin);
+  bwd_block<typename BwdTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type, kAddDq, kGeneral>(params,
+                                                                                                 pair_begin);
 #endif
 }
 

@@ -82,11 +82,10 @@ Status launch_bwd_chunk(Kernel kernel, const BwdKernelParams& params, int pair_b
 template <class Element, int kHeadDim>
 Status run_bwd(const BwdKernelParams& call, cudaStream_t stream) {
   // Softcap, windows, a head dim below the kernel's and variable-length batches take the
-  // general dK/dV kernels (bwd_kernel.h) with the atomic-free design, whose dQ pass handles
+  // general dK/dV kernel (bwd_kernel.h) with the atomic-free design, whose dQ pass handles
   // them at no register cost: dq_accum stays unused.
-  const bool partial_cols = call.headdim < kHeadDim;
-  const bool general = call.softcap_in != 0.f || !MaskPolicy::of(call).dense_or_causal() || partial_cols ||
-                       !SeqView::fixed(call);
+  const bool general = call.softcap_in != 0.f || !MaskPolicy::of(call).dense_or_causal() ||
+                       call.headdim < kHeadDim || !SeqView::fixed(call);
   BwdKernelParams params = call;
   if (general) params.dq_accum = nullptr;
   using Traits90 = typename BwdTraitsFor<Element, kHeadDim, 90>::type;
@@ -96,7 +95,6 @@ Status run_bwd(const BwdKernelParams& call, cudaStream_t stream) {
   auto add_dq_kernel = &bwd_kernel<Element, kHeadDim, true>;
   auto dkv_kernel = &bwd_kernel<Element, kHeadDim, false>;
   auto general_dkv_kernel = &bwd_kernel<Element, kHeadDim, false, true>;
-  auto partial_dkv_kernel = &bwd_kernel<Element, kHeadDim, false, true, true>;
   auto dq_kernel = &bwd_dq_kernel<Element, kHeadDim>;
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return cuda_status(err, "cudaGetDevice");
@@ -110,7 +108,7 @@ Status run_bwd(const BwdKernelParams& call, cudaStream_t stream) {
     if (cudaError_t err = cudaFuncGetAttributes(&attributes, dkv_kernel); err != cudaSuccess)
       return cuda_status(err, "cudaFuncGetAttributes (no kernel image for this GPU?)");
     arch = attributes.ptxVersion >= 90 ? 90 : 80;
-    for (auto kernel : {add_dq_kernel, dkv_kernel, general_dkv_kernel, partial_dkv_kernel}) {
+    for (auto kernel : {add_dq_kernel, dkv_kernel, general_dkv_kernel}) {
       const Status prepared = arch == 90 ? prepare_bwd<Traits90>(kernel, device)
                                          : prepare_bwd<Traits80>(kernel, device);
       if (!prepared.ok()) return prepared;
@@ -134,10 +132,7 @@ Status run_bwd(const BwdKernelParams& call, cudaStream_t stream) {
                                                             /*lse_log2=*/false, /*dq_accum=*/true)
                                                   .chunk_pairs)
                            : pairs;  // one launch over (key blocks, kv heads, batch)
-  auto kernel = add_dq         ? add_dq_kernel
-                : partial_cols ? partial_dkv_kernel
-                : general      ? general_dkv_kernel
-                               : dkv_kernel;
+  auto kernel = add_dq ? add_dq_kernel : general ? general_dkv_kernel : dkv_kernel;
   for (int pair_begin = 0; pair_begin < pairs; pair_begin += chunk) {
     const int count = std::min(chunk, pairs - pair_begin);
     const Status launched = arch == 90 ? launch_bwd_chunk<Traits90>(kernel, params, pair_begin, count, stream)
