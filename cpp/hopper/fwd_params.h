@@ -6,6 +6,7 @@
 #include "hopper/fwd_traits.h"
 #include "hopper/tile_scheduler.h"
 #include "kernel_params.h"
+#include "seq_view.h"
 
 namespace flashcute::hopper {
 
@@ -17,7 +18,9 @@ struct FwdParams {
   typename Traits::TmaKV tma_v;
   typename Traits::TmaO tma_o;
   TileSchedule schedule;
-  int tma_seqlen_k;  // seqlen_k, or 1 when there are no keys (a TMA dimension cannot be 0)
+  // Rows of K/V's tensor maps: seqlen_k, total_k where keys are packed (cu_seqlens_k), or 1
+  // when there are none (a TMA dimension cannot be 0).
+  int tma_seqlen_k;
   // Causal: query tiles start this many rows (whole 64-row consumer blocks) before row 0, so a
   // partial tile is the first, the one that sees the fewest keys, not the last (tile_row0).
   int row_shift;
@@ -62,6 +65,10 @@ CUTE_HOST_DEVICE QueryRowOf query_row_of(FwdParams<Traits> const& params, int ti
   if (group > 1) return {tile_head * group + tile_row % group, tile_row / group};
   return {tile_head, tile_row};
 }
+
+// The batch coordinate of a side's tensor map: a packed side (cu_seqlens given) has one
+// batch of all total rows, each sequence's rows offset by its start (seq_view.h).
+CUTE_HOST_DEVICE int tma_batch(const int* cu_seqlens, int batch) { return cu_seqlens != nullptr ? 0 : batch; }
 
 // First query row of tile m_block; negative for a shifted first tile. Its 64-row blocks before
 // row 0 are neither loaded, computed nor stored.
