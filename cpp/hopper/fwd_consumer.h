@@ -24,6 +24,7 @@
 #include "hopper/fwd_params.h"
 #include "hopper/fwd_split_pieces.h"
 #include "hopper/named_barriers.h"
+#include "hopper/seq_rows.h"
 #include "hopper/wgmma.h"
 #include "mask.h"
 #include "online_softmax.h"
@@ -31,24 +32,6 @@
 #include "seq_view.h"
 
 namespace flashcute::hopper {
-
-// Rows [first, kBlockN) of K/V stage `stage` (shared memory) become zeros, for this consumer's
-// WGMMAs: written from all its 128 threads, 16 bytes each (the swizzle moves whole 16-byte
-// chunks), then made visible to the async proxy. Other consumers may write the same zeros.
-template <class Traits>
-CUTE_DEVICE void zero_key_rows(typename Traits::Element* buffer, int stage, int first, int consumer) {
-  using namespace cute;
-  constexpr int kChunkElems = 16 / int(sizeof(typename Traits::Element));
-  constexpr int kChunks = Traits::kHeadDim / kChunkElems;  // per row
-  Tensor s = make_tensor(make_smem_ptr(buffer), typename Traits::SmemLayoutKV{});
-  first = cute::max(first, 0);
-  for (int i = threadIdx.x % 128 + first * kChunks; i < Traits::kBlockN * kChunks; i += 128) {
-    const int row = i / kChunks, col = i % kChunks * kChunkElems;
-    *reinterpret_cast<uint4*>(&s(row, col, stage)) = make_uint4(0, 0, 0, 0);
-  }
-  cutlass::arch::fence_view_async_shared();
-  epilogue_barrier_sync(consumer);
-}
 
 template <class Traits>
 CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::SharedStorage& storage,
@@ -173,8 +156,12 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
       // unused cache slots) may hold anything, NaN included, and 0 · NaN would reach O. Only
       // the first block a consumer computes can hold such rows; it zeroes them before its P·V.
       if (!SeqView::fixed(args) && (n + 1) * kBlockN > view.seqlen_k) {
+        // All 128 threads of this consumer; other consumers may write the same zeros.
         pipeline_v.consumer_wait(v_state);
-        zero_key_rows<Traits>(storage.v.data(), v_state.index(), view.seqlen_k - n * kBlockN, consumer);
+        Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});
+        zero_tile_rows(sV(_, _, v_state.index()), view.seqlen_k - n * kBlockN, tid, 128);
+        cutlass::arch::fence_view_async_shared();
+        epilogue_barrier_sync(consumer);
       }
       // One key block: S(n) = Q·K(n)ᵀ issued with P(n+1)·V(n+1), softmax of S(n) meanwhile.
       auto step = [&](int n, auto masked) {

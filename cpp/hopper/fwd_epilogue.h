@@ -13,6 +13,7 @@
 #include "fragment_views.h"
 #include "hopper/fwd_params.h"
 #include "hopper/named_barriers.h"
+#include "hopper/seq_rows.h"
 #include "seq_view.h"
 
 namespace flashcute::hopper {
@@ -68,8 +69,10 @@ struct FwdEpilogue {
     copy(smem_copy, smem_thr_copy.retile_S(o), smem_thr_copy.partition_D(sO));
     cutlass::arch::fence_view_async_shared();  // generic-proxy writes visible to the TMA
     epilogue_barrier_sync(consumer);
-    if (row_stores) {
-      store_rows(sO, tile, row0, view);
+    if (row_stores) {  // no packed query heads here (a variable-length batch never packs them)
+      Element* out = static_cast<Element*>(args.out) + tile.batch * args.out_batch_stride +
+                     tile.head * args.out_head_stride + int64_t(view.q_start + row0) * args.out_row_stride;
+      store_tile_rows(sO, out, args.out_row_stride, view.seqlen_q - row0, args.headdim, tid, 128);
       epilogue_barrier_sync(consumer);  // the buffer is read: free for the next tile (as after a TMA store)
     }
     if (tid == 0) {
@@ -106,26 +109,6 @@ struct FwdEpilogue {
         const QueryRowOf query = query_row_of(params, tile.head, row);
         lse_base[query.head * args.lse_head_stride + query.row] = lse[r];
       }
-    }
-  }
-
-  // Rows [row0, seqlen_q) of this consumer's O tile, staged in sO, to global memory: 16 bytes
-  // per thread and step (the swizzle moves whole 16-byte chunks), the call's head dim only.
-  // No packed query heads here (a variable-length batch never packs them).
-  template <class SmemO>
-  CUTE_DEVICE void store_rows(SmemO const& sO, FwdTile const& tile, int row0, SeqView const& view) const {
-    using namespace cute;
-    const FwdKernelParams& args = params.args;
-    constexpr int kChunkElems = 16 / int(sizeof(Element));
-    constexpr int kChunks = Traits::kHeadDim / kChunkElems;
-    const int rows = cute::min(view.seqlen_q - row0, int(Traits::kRowsPerConsumer));
-    Element* out = static_cast<Element*>(args.out) + tile.batch * args.out_batch_stride +
-                   tile.head * args.out_head_stride + int64_t(view.q_start + row0) * args.out_row_stride;
-    for (int i = tid; i < rows * kChunks; i += 128) {
-      const int row = i / kChunks, col = i % kChunks * kChunkElems;
-      if (col < args.headdim)
-        *reinterpret_cast<uint4*>(out + row * args.out_row_stride + col) =
-            *reinterpret_cast<const uint4*>(&sO(row, col));
     }
   }
 

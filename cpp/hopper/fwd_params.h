@@ -4,6 +4,7 @@
 #pragma once
 
 #include "hopper/fwd_traits.h"
+#include "hopper/seq_rows.h"
 #include "hopper/tile_scheduler.h"
 #include "kernel_params.h"
 #include "seq_view.h"
@@ -65,10 +66,6 @@ CUTE_HOST_DEVICE QueryRowOf query_row_of(FwdParams<Traits> const& params, int ti
   if (group > 1) return {tile_head * group + tile_row % group, tile_row / group};
   return {tile_head, tile_row};
 }
-
-// The batch coordinate of a side's tensor map: a packed side (cu_seqlens given) has one
-// batch of all total rows, each sequence's rows offset by its start (seq_view.h).
-CUTE_HOST_DEVICE int tma_batch(const int* cu_seqlens, int batch) { return cu_seqlens != nullptr ? 0 : batch; }
 
 // First query row of tile m_block; negative for a shifted first tile. Its 64-row blocks before
 // row 0 are neither loaded, computed nor stored.
