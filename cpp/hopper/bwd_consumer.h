@@ -13,6 +13,7 @@
 #include <cutlass/arch/barrier.h>
 
 #include "fragment_views.h"
+#include "hopper/bwd_config.h"
 #include "hopper/bwd_params.h"
 #include "hopper/bwd_split_sums.h"
 #include "dq_reduce.h"
@@ -98,7 +99,10 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
   constexpr bool kPrefetchStats = kCols <= 16;
   const int thread_key = get<0>(thr_sdp.partition_C(cS)(0));
   const int thread_col = get<1>(thr_sdp.partition_C(cS)(0));
-  const SeqView view = SeqView::of(args, batch);  // the pair's sequence (seq_view.h)
+  // The pair's sequence (seq_view.h); fixed lengths in a kernel compiled for them alone.
+  constexpr bool kFixedOnly = kDeferDq && bwd_deferred_dq_fixed_only(kHeadDim);
+  const SeqView view =
+      kFixedOnly ? SeqView{0, 0, args.seqlen_q, args.seqlen_k, args.seqlen_k} : SeqView::of(args, batch);
   const MaskPolicy mask = view.mask(args);
   const ScoreHook hook = ScoreHook::of(args);
   const int key0 = n_block * Traits::kBlockN + consumer * Traits::kKeysPerConsumer;
@@ -115,7 +119,7 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
   // included; masked scores give P = 0 there, but 0 · NaN would still reach dS (through dPᵀ =
   // V·dOᵀ) and dQ (through K). Each consumer zeroes its own keys' rows; every dQ GEMM reads
   // both consumers' K.
-  if (!SeqView::fixed(args) && (n_block + 1) * Traits::kBlockN > view.seqlen_k) {
+  if (!kFixedOnly && !SeqView::fixed(args) && (n_block + 1) * Traits::kBlockN > view.seqlen_k) {
     zero_tile_rows(sK(_, _, consumer), view.seqlen_k - key0, tid, 128);
     zero_tile_rows(sV(_, _, consumer), view.seqlen_k - key0, tid, 128);
     cutlass::arch::fence_view_async_shared();

@@ -33,12 +33,14 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
   // -8.1 / -5.9 / -7.3 % time; -9 to -10 % at 8k-16k), so it always defers; hd 128 loses 2-3 %
   // at 8-16 blocks per CTA and defers from 24.
   constexpr bool kCanDeferDq = !Traits::kSplitsHeadDim && !Traits::kDqSplitKeys;
-  constexpr int kDeferDqMinBlocks = kHeadDim <= 64 ? 0 : 24;
+  constexpr int kDeferDqMinBlocks = bwd_defer_dq_min_blocks(kHeadDim);
   const int query_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
   const int blocks_per_cta = p.heads_per_kv * (p.causal ? (query_blocks + 1) / 2 : query_blocks);
   auto kernel = &bwd_kernel<Traits>;
   if constexpr (kCanDeferDq) {
-    if (blocks_per_cta >= kDeferDqMinBlocks) kernel = &bwd_kernel<Traits, true>;
+    // Variable-length calls only where it is not compiled for fixed lengths alone (bwd_config.h).
+    if (blocks_per_cta >= kDeferDqMinBlocks && (SeqView::fixed(p) || !bwd_deferred_dq_fixed_only(kHeadDim)))
+      kernel = &bwd_kernel<Traits, true>;
   }
   // Softcap: one variant per head dim (deferred dQ where the head dim always defers).
   constexpr bool kSoftcapDefersDq = kCanDeferDq && kDeferDqMinBlocks == 0;
