@@ -36,16 +36,20 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
   constexpr int kDeferDqMinBlocks = bwd_defer_dq_min_blocks(kHeadDim);
   const int query_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
   const int blocks_per_cta = p.heads_per_kv * (p.causal ? (query_blocks + 1) / 2 : query_blocks);
+  const bool fixed = SeqView::fixed(p);  // else a variable-length batch (seq_view.h)
   auto kernel = &bwd_kernel<Traits>;
   if constexpr (kCanDeferDq) {
     // Variable-length calls only where it is not compiled for fixed lengths alone (bwd_config.h).
-    if (blocks_per_cta >= kDeferDqMinBlocks && (SeqView::fixed(p) || !bwd_deferred_dq_fixed_only(kHeadDim)))
+    if (blocks_per_cta >= kDeferDqMinBlocks && (fixed || !bwd_deferred_dq_fixed_only(kHeadDim, false)))
       kernel = &bwd_kernel<Traits, true>;
   }
   // Softcap: one variant per head dim (deferred dQ where the head dim always defers).
   constexpr bool kSoftcapDefersDq = kCanDeferDq && kDeferDqMinBlocks == 0;
   auto softcap_kernel = &bwd_kernel<Traits, kSoftcapDefersDq, true>;
-  if (p.softcap_in != 0.f) kernel = softcap_kernel;
+  // Variable lengths: without the deferred dQ where that kernel is fixed-length only.
+  constexpr bool kSoftcapVarlenOwnKernel = kSoftcapDefersDq && bwd_deferred_dq_fixed_only(kHeadDim, true);
+  auto softcap_varlen_kernel = &bwd_kernel<Traits, kSoftcapDefersDq && !kSoftcapVarlenOwnKernel, true>;
+  if (p.softcap_in != 0.f) kernel = fixed ? softcap_kernel : softcap_varlen_kernel;
   constexpr int kSmem = Traits::kSmemBytes;
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return cuda_status(err, "cudaGetDevice");
@@ -86,6 +90,8 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
     }
     if (err == cudaSuccess)
       err = cudaFuncSetAttribute(softcap_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (kSoftcapVarlenOwnKernel && err == cudaSuccess)
+      err = cudaFuncSetAttribute(softcap_varlen_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (err != cudaSuccess) return cuda_status(err, "cudaFuncSetAttribute (no sm90a kernel image for this GPU?)");
     if (device < kCachedDevices) prepared[device].store(true, std::memory_order_release);
   }
@@ -95,7 +101,7 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
                                                /*dq_ready=*/true, hopper_bwd_tail_split(has_band(p)));
   // The last wave split (bwd_tail_split.h) where the workspace has room; not in a variable-length
   // batch, whose key blocks' work differs per sequence (seq_view.h).
-  const bool varlen = !SeqView::fixed(p);
+  const bool varlen = !fixed;
   constexpr bool kCanSplitTail = Traits::kBlockN <= kBwdChunkBlockN;
   const int split_tiles_max = kCanSplitTail && p.split_done != nullptr && !varlen
                                   ? static_cast<int>(std::min<int64_t>(workspace.split_tiles, p.split_tiles_max))
