@@ -278,7 +278,8 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
   }
 
   // Epilogue: dK (scaled) and dV into this consumer's K and V tiles, then TMA stores (clipped
-  // at seqlen_k; row stores past a packed sequence's keys, bwd_tma.h). Every consumer's dQ GEMMs read all of K: wait for both first.
+  // at seqlen_k; row stores past a packed sequence's keys, bwd_tma.h). Every consumer's dQ
+  // GEMMs read all of K: wait for both first.
   CUTE_UNROLL
   for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= args.softmax_scale;
   bool store = true;

@@ -43,7 +43,8 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
     if (blocks_per_cta >= kDeferDqMinBlocks && (fixed || !bwd_deferred_dq_fixed_only(kHeadDim, false)))
       kernel = &bwd_kernel<Traits, true>;
   }
-  // Softcap: one variant per head dim (deferred dQ where the head dim always defers).
+  // Softcap: one variant per head dim (deferred dQ where the head dim always defers), and one
+  // without it for variable lengths where the deferred one is fixed-length only.
   constexpr bool kSoftcapDefersDq = kCanDeferDq && kDeferDqMinBlocks == 0;
   auto softcap_kernel = &bwd_kernel<Traits, kSoftcapDefersDq, true>;
   // Variable lengths: without the deferred dQ where that kernel is fixed-length only.

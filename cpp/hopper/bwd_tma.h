@@ -50,9 +50,10 @@ CUTE_DEVICE void store_dkv_tile(Params const& params, SmemTile const& sdK, SmemT
   if (thread != 0) return;
   const auto shape = make_shape(args.seqlen_k, kHeadDim, args.nheads_kv, args.batch);
   const int k_batch = tma_batch(args.cu_seqlens_k, batch);
-  Tensor gdK = local_tile(domain_offset(make_coord(view.k_start, _0{}), params.tma_dk.get_tma_tensor(shape)(_, _, kv_head, k_batch)),
+  const auto start = make_coord(view.k_start, _0{});  // the sequence's first key row
+  Tensor gdK = local_tile(domain_offset(start, params.tma_dk.get_tma_tensor(shape)(_, _, kv_head, k_batch)),
                           typename Traits::TileKV{}, make_coord(tile, _0{}));
-  Tensor gdV = local_tile(domain_offset(make_coord(view.k_start, _0{}), params.tma_dv.get_tma_tensor(shape)(_, _, kv_head, k_batch)),
+  Tensor gdV = local_tile(domain_offset(start, params.tma_dv.get_tma_tensor(shape)(_, _, kv_head, k_batch)),
                           typename Traits::TileKV{}, make_coord(tile, _0{}));
   auto tma_dk = params.tma_dk.get_slice(_0{});
   auto tma_dv = params.tma_dv.get_slice(_0{});

@@ -3,8 +3,8 @@
 // the tensor map; none for rows before 0; packed query heads: fwd_packed_heads.h); LSE is
 // written from registers. Packed variable-length queries (cu_seqlens_q): the rows past a
 // sequence belong to the next one, so a block that reaches past its sequence is stored row
-// by row from shared memory instead. Where O is staged in V's or Q's buffer, the epilogue also tells the
-// producer when that buffer may be loaded again.
+// by row from shared memory instead. Where O is staged in V's or Q's buffer, the epilogue
+// also tells the producer when that buffer may be loaded again.
 #pragma once
 
 #include <cute/tensor.hpp>
