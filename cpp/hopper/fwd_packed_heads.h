@@ -17,12 +17,19 @@
 
 namespace flashcute::hopper {
 
+// A variable-length batch (SeqView::fixed false; this header stays plain C++ for the host API).
+inline bool fwd_varlen(const FwdKernelParams& p) {
+  return p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr || p.seqused_k != nullptr;
+}
+
 // The query heads packed per tile row block: G where packing holds, else 1. Packing needs
 // whole 128-byte swizzle columns (kernel head dims that are multiples of 64, and calls that
 // fill them: p.headdim, the call's, too), no causal or window band unless there is one query
 // row and no left window side (the bottom-right causal diagonal, or a right side, then masks
-// nothing), and fewer query tiles. `headdim`: the kernel's.
+// nothing), fewer query tiles, and a fixed-length batch (a variable-length one's tiles are
+// its sequences', seq_view.h). `headdim`: the kernel's.
 inline int fwd_packed_heads(const FwdKernelParams& p, int headdim, int block_m) {
+  if (fwd_varlen(p)) return 1;
   const int group = p.heads_per_kv;
   if (group < 2 || 64 % group != 0 || headdim % 64 != 0 || p.headdim % 64 != 0 || block_m <= 0 || p.seqlen_q <= 0)
     return 1;
