@@ -55,9 +55,6 @@ struct FwdEpilogue {
     using namespace cute;
     const FwdKernelParams& args = params.args;
     Tensor o = convert_fragment<Element>(acc_o);
-    const SeqView view = SeqView::of(args, tile.batch);
-    // Packed queries whose block reaches past the sequence: rows stored one by one (below).
-    const bool row_stores = args.cu_seqlens_q != nullptr && row0 + Traits::kRowsPerConsumer > view.seqlen_q;
 
     Tensor sO = make_tensor(make_smem_ptr(o_buffer()), typename Traits::SmemLayoutQ{})(_, _, consumer);
     auto smem_copy = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, typename Traits::TiledMmaPV{});
@@ -68,6 +65,10 @@ struct FwdEpilogue {
     else epilogue_barrier_sync(consumer);
     copy(smem_copy, smem_thr_copy.retile_S(o), smem_thr_copy.partition_D(sO));
     cutlass::arch::fence_view_async_shared();  // generic-proxy writes visible to the TMA
+    // The tile's sequence (seq_view.h), once O has left the registers.
+    const SeqView view = SeqView::of(args, tile.batch);
+    // Packed queries whose block reaches past the sequence: rows stored one by one.
+    const bool row_stores = args.cu_seqlens_q != nullptr && row0 + Traits::kRowsPerConsumer > view.seqlen_q;
     epilogue_barrier_sync(consumer);
     if (row_stores) {  // no packed query heads here (a variable-length batch never packs them)
       Element* out = static_cast<Element*>(args.out) + tile.batch * args.out_batch_stride +
