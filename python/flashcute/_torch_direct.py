@@ -17,7 +17,7 @@ Imported only when torch tensors are used.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 from torch import Tensor
@@ -27,6 +27,7 @@ from ._build_info import load_extension
 from ._dispatch import choose_backend, choose_backward_backend
 from ._validate import ForwardProblem, validate_forward
 from ._validate_backward import validate_backward
+from ._validate_varlen import VarlenProblem
 from .attention import forward_workspace_bytes
 
 
@@ -34,12 +35,13 @@ from .attention import forward_workspace_bytes
 class _Plan:
     """What the checks and the dispatch decided for one call signature."""
 
-    problem: ForwardProblem
+    problem: Union[ForwardProblem, VarlenProblem]
     backend_code: int
     workspace_bytes: int
 
 
-#: Plans by call signature, forward and backward; cleared when full (a model runs a handful
+#: Plans by call signature, forward and backward, fixed-length and variable-length (the key's
+#: first item tells them apart); cleared when full (a model runs a handful
 #: of signatures).
 _plans: dict[tuple[Any, ...], _Plan] = {}
 _MAX_PLANS = 256
@@ -97,6 +99,32 @@ def _capsule(x: Tensor) -> Any:
     return to_dlpack(x.detach() if x.requires_grad else x)
 
 
+def _forward_buffers(
+    q: Tensor, plan: _Plan, out: Optional[Tensor], return_lse: bool
+) -> tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+    """(out, lse, workspace) of a planned forward: out given or new, lse when asked for, the
+    workspace when the plan needs one."""
+    problem = plan.problem
+    if out is None:
+        out = q.new_empty(problem.out_shape)
+    lse = q.new_empty(problem.lse_shape, dtype=torch.float32) if return_lse else None
+    workspace = (
+        q.new_empty((plan.workspace_bytes,), dtype=torch.uint8) if plan.workspace_bytes else None
+    )
+    return out, lse, workspace
+
+
+def _gradient_buffers(
+    q: Tensor, plan: _Plan, dq: Optional[Tensor], dk: Optional[Tensor], dv: Optional[Tensor]
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, workspace) of a planned backward: the given buffers or new tensors."""
+    problem = plan.problem
+    dq = q.new_empty(problem.out_shape) if dq is None else dq
+    dk = q.new_empty(problem.kv_shape) if dk is None else dk
+    dv = q.new_empty(problem.kv_shape) if dv is None else dv
+    return dq, dk, dv, q.new_empty((plan.workspace_bytes,), dtype=torch.uint8)
+
+
 def attention(
     q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: Optional[float],
     return_lse: bool, backend: Optional[str], out: Optional[Tensor] = None,
@@ -111,13 +139,8 @@ def attention(
         plan = _plan(q, k, v, out, causal, softmax_scale, backend, window, softcap)
         _keep(key, plan)
     problem = plan.problem
-    if out is None:
-        out = q.new_empty(problem.out_shape)
-    lse = q.new_empty(problem.lse_shape, dtype=torch.float32) if return_lse else None
+    out, lse, workspace = _forward_buffers(q, plan, out, return_lse)
     if not problem.empty_output:
-        workspace = (
-            q.new_empty((plan.workspace_bytes,), dtype=torch.uint8) if plan.workspace_bytes else None
-        )
         load_extension().forward(
             _capsule(q), _capsule(k), _capsule(v), _capsule(out),
             to_dlpack(lse) if lse is not None else None, problem.scale, causal,
@@ -173,11 +196,7 @@ def attention_backward(
         )
         _keep(key, plan)
     problem = plan.problem
-    kv_shape = (problem.batch, problem.seqlen_k, problem.nheads_kv, problem.headdim)
-    dq = q.new_empty(problem.out_shape) if dq is None else dq
-    dk = q.new_empty(kv_shape) if dk is None else dk
-    dv = q.new_empty(kv_shape) if dv is None else dv
-    workspace = q.new_empty((plan.workspace_bytes,), dtype=torch.uint8)
+    dq, dk, dv, workspace = _gradient_buffers(q, plan, dq, dk, dv)
     load_extension().backward(
         *(_capsule(x) for x in (*tensors, dq, dk, dv)), to_dlpack(workspace),
         problem.scale, causal, deterministic, plan.backend_code, _stream(problem.device_id),

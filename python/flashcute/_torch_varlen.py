@@ -12,7 +12,6 @@ Imported only when torch tensors are used.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -22,7 +21,16 @@ from torch.utils.dlpack import to_dlpack
 
 from . import _torch_ops
 from ._dispatch import choose_backend, choose_backward_backend
-from ._torch_direct import _capsule, _layout, _stream
+from ._torch_direct import (
+    _capsule,
+    _forward_buffers,
+    _gradient_buffers,
+    _keep,
+    _layout,
+    _Plan,
+    _plans,
+    _stream,
+)
 from ._torch_layout import kernel_layout
 from ._validate_varlen import (
     VarlenProblem,
@@ -35,23 +43,6 @@ from .varlen import backward_workspace_bytes, forward_workspace_bytes, varlen_ex
 
 # ---------------------------------------------------------------------------------------------
 # The direct launch.
-
-
-@dataclass(frozen=True)
-class _Plan:
-    problem: VarlenProblem
-    backend_code: int
-    workspace_bytes: int
-
-
-_plans: dict[tuple[Any, ...], _Plan] = {}
-_MAX_PLANS = 256
-
-
-def _keep(key: tuple[Any, ...], plan: _Plan) -> None:
-    if len(_plans) >= _MAX_PLANS:
-        _plans.clear()
-    _plans[key] = plan
 
 
 def _optional_capsule(x: Optional[Tensor]) -> Any:
@@ -82,13 +73,8 @@ def forward(
         plan = _Plan(problem, code, nbytes)
         _keep(key, plan)
     problem = plan.problem
-    if out is None:
-        out = q.new_empty(problem.out_shape)
-    lse = q.new_empty(problem.lse_shape, dtype=torch.float32) if return_lse else None
+    out, lse, workspace = _forward_buffers(q, plan, out, return_lse)
     if not problem.empty_output:
-        workspace = (
-            q.new_empty((plan.workspace_bytes,), dtype=torch.uint8) if plan.workspace_bytes else None
-        )
         varlen_extension().forward(
             _capsule(q), _capsule(k), _capsule(v), _capsule(out), _optional_capsule(lse),
             problem.scale, causal, plan.backend_code, _stream(problem.device_id),
@@ -127,10 +113,7 @@ def backward(
         plan = _Plan(problem, code, backward_workspace_bytes(ext, problem, causal, deterministic, code))
         _keep(key, plan)
     problem = plan.problem
-    dq = q.new_empty(problem.out_shape) if dq is None else dq
-    dk = q.new_empty(problem.kv_shape) if dk is None else dk
-    dv = q.new_empty(problem.kv_shape) if dv is None else dv
-    workspace = q.new_empty((plan.workspace_bytes,), dtype=torch.uint8)
+    dq, dk, dv, workspace = _gradient_buffers(q, plan, dq, dk, dv)
     varlen_extension().backward(
         *(_capsule(x) for x in (dout, q, k, v, out, lse, dq, dk, dv)), to_dlpack(workspace),
         problem.scale, causal, deterministic, plan.backend_code, _stream(problem.device_id),
@@ -379,31 +362,4 @@ def attention(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=seqused_k,
         causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, backend=backend,
         out=out, window=window, softcap=softcap,
-    )
-
-
-def attention_backward(
-    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-    cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, *,
-    seqused_k: Optional[Tensor], causal: bool, softmax_scale: Optional[float],
-    deterministic: bool, backend: Optional[str], dq: Optional[Tensor], dk: Optional[Tensor],
-    dv: Optional[Tensor], window: tuple[int, int], softcap: float,
-) -> tuple[Any, Any, Any]:
-    """The torch route of ``attention_varlen_backward``: direct unless something other than
-    autograd watches (gradients are not differentiated), then the DLPack route."""
-    tensors = [x for x in (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                           dq, dk, dv) if x is not None]
-    if not _torch_ops.watched(*tensors):
-        return backward(
-            dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-            seqused_k=seqused_k, causal=causal, softmax_scale=softmax_scale,
-            deterministic=deterministic, backend=backend, dq=dq, dk=dk, dv=dv, window=window,
-            softcap=softcap,
-        )
-    from .varlen import attention_varlen_backward_dlpack
-
-    return attention_varlen_backward_dlpack(
-        dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-        seqused_k=seqused_k, causal=causal, softmax_scale=softmax_scale, dq=dq, dk=dk, dv=dv,
-        deterministic=deterministic, backend=backend, window=window, softcap=softcap,
     )

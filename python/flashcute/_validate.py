@@ -75,6 +75,10 @@ class ForwardProblem:
         return (self.batch, self.seqlen_q, self.nheads, self.headdim)
 
     @property
+    def kv_shape(self) -> tuple[int, int, int, int]:
+        return (self.batch, self.seqlen_k, self.nheads_kv, self.headdim)
+
+    @property
     def lse_shape(self) -> tuple[int, int, int]:
         return (self.batch, self.nheads, self.seqlen_q)
 
@@ -260,25 +264,31 @@ def _check_dtypes(q: _Info, others: Sequence[_Info]) -> None:
             )
 
 
+def _check_kv(q: _Info, k: _Info, v: _Info) -> None:
+    """k's head dim (last axis) against q's, v's shape against k's, and q's heads (second to
+    last axis) a multiple of k's: the shape checks fixed-length and packed calls share."""
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(
+            f"k: head dim {k.shape[-1]} does not match q's {q.shape[-1]} "
+            f"(q shape {_fmt(q.shape)}, k shape {_fmt(k.shape)})"
+        )
+    if v.shape != k.shape:
+        raise ValueError(f"v: shape {_fmt(v.shape)} does not match k's shape {_fmt(k.shape)}")
+    nheads, nheads_kv = q.shape[-2], k.shape[-2]
+    if (nheads_kv == 0 and nheads != 0) or (nheads_kv != 0 and nheads % nheads_kv != 0):
+        raise ValueError(
+            f"q, k: q's {nheads} heads are not a multiple of k/v's {nheads_kv} heads "
+            f"(grouped-query attention needs nheads % nheads_kv == 0)"
+        )
+
+
 def _check_shapes(q: _Info, k: _Info, v: _Info, out: Optional[_Info]) -> None:
     if k.shape[0] != q.shape[0]:
         raise ValueError(
             f"k: batch size {k.shape[0]} does not match q's {q.shape[0]} "
             f"(q shape {_fmt(q.shape)}, k shape {_fmt(k.shape)})"
         )
-    if k.shape[3] != q.shape[3]:
-        raise ValueError(
-            f"k: head dim {k.shape[3]} does not match q's {q.shape[3]} "
-            f"(q shape {_fmt(q.shape)}, k shape {_fmt(k.shape)})"
-        )
-    if v.shape != k.shape:
-        raise ValueError(f"v: shape {_fmt(v.shape)} does not match k's shape {_fmt(k.shape)}")
-    nheads, nheads_kv = q.shape[2], k.shape[2]
-    if (nheads_kv == 0 and nheads != 0) or (nheads_kv != 0 and nheads % nheads_kv != 0):
-        raise ValueError(
-            f"q, k: q's {nheads} heads are not a multiple of k/v's {nheads_kv} heads "
-            f"(grouped-query attention needs nheads % nheads_kv == 0)"
-        )
+    _check_kv(q, k, v)
     if out is not None and out.shape != q.shape:
         raise ValueError(
             f"out: expected shape {_fmt(q.shape)} (batch, seqlen_q, nheads, headdim), "
@@ -310,7 +320,9 @@ def _check_headdim(headdim: int) -> None:
 
 
 def _check_strides(info: _Info) -> None:
-    if info.strides[3] != 1:
+    """Unit stride in the last (headdim) dimension, positive strides in the others of size > 1
+    (any rank: fixed-length and packed tensors alike)."""
+    if info.strides[-1] != 1:
         raise ValueError(
             f"{info.name}: expected unit stride in the last (headdim) dimension, "
             f"got strides {_fmt(info.strides)}"

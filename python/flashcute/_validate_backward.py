@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from ._validate import (
     ForwardProblem,
@@ -26,6 +26,38 @@ def check_backward_flags(deterministic: Any, backend: Any) -> None:
         raise ValueError(
             "backend='hopper': its backward adds dQ with atomics and is not bitwise "
             "reproducible; deterministic=True runs on backend=None or 'ampere'"
+        )
+
+
+class _GradientShapes(Protocol):
+    @property
+    def out_shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def kv_shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> str: ...
+
+
+def gradient_infos(dout: Any, dq: Any, dk: Any, dv: Any) -> list[_Info]:
+    """The infos of dout and of the gradient buffers given (not None), in that order."""
+    infos = [_inspect("dout", dout)]
+    for name, x in (("dq", dq), ("dk", dk), ("dv", dv)):
+        if x is not None:
+            infos.append(_inspect(name, x))
+    return infos
+
+
+def check_gradient(info: _Info, problem: _GradientShapes) -> None:
+    """dout or a gradient buffer against the problem: dk and dv of k's shape, dout and dq of
+    q's, all in q's dtype."""
+    expected = problem.kv_shape if info.name in ("dk", "dv") else problem.out_shape
+    if info.shape != expected:
+        raise ValueError(f"{info.name}: expected shape {_fmt(expected)}, got {_fmt(info.shape)}")
+    if info.dtype != problem.dtype:
+        raise TypeError(
+            f"{info.name}: dtype {info.dtype} does not match q's dtype {problem.dtype}"
         )
 
 
@@ -56,23 +88,10 @@ def backward_problem(
         q, k, v, out, causal=causal, softmax_scale=softmax_scale, backend=backend,
         window=window, softcap=softcap,
     )
-    infos = [_inspect("dout", dout)]
-    for name, x in (("dq", dq), ("dk", dk), ("dv", dv)):
-        if x is not None:
-            infos.append(_inspect(name, x))
-    q_shape = problem.out_shape
-    kv_shape = (problem.batch, problem.seqlen_k, problem.nheads_kv, problem.headdim)
+    infos = gradient_infos(dout, dq, dk, dv)
     for info in infos:
         _check_rank(info)
-        expected = kv_shape if info.name in ("dk", "dv") else q_shape
-        if info.shape != expected:
-            raise ValueError(
-                f"{info.name}: expected shape {_fmt(expected)}, got {_fmt(info.shape)}"
-            )
-        if info.dtype != problem.dtype:
-            raise TypeError(
-                f"{info.name}: dtype {info.dtype} does not match q's dtype {problem.dtype}"
-            )
+        check_gradient(info, problem)
         _check_strides(info)
     lse_info = _inspect("lse", lse)
     if lse_info.dtype != "float32" or lse_info.shape != problem.lse_shape:

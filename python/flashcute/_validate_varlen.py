@@ -19,6 +19,8 @@ from ._validate import (
     _check_devices,
     _check_dtypes,
     _check_headdim,
+    _check_kv,
+    _check_strides,
     _fmt,
     _Info,
     _inspect,
@@ -28,6 +30,7 @@ from ._validate import (
     kernel_window,
     type_name,
 )
+from ._validate_backward import check_backward_flags, check_gradient, gradient_infos
 
 #: Sequences are at most this long: the kernels index rows with 32-bit integers. A longer
 #: max_seqlen is the same call (no sequence can be longer than its packed tensor).
@@ -98,19 +101,7 @@ def _check_packed(info: _Info) -> None:
             f"{info.name}: expected a 3-d packed tensor (total, nheads, headdim), got shape "
             f"{_fmt(info.shape)}"
         )
-    if info.strides[2] != 1:
-        raise ValueError(
-            f"{info.name}: expected unit stride in the last (headdim) dimension, got strides "
-            f"{_fmt(info.strides)}"
-        )
-    if 0 in info.shape:
-        return
-    for size, stride in zip(info.shape, info.strides):
-        if size > 1 and stride <= 0:
-            raise ValueError(
-                f"{info.name}: expected positive strides in every dimension of size > 1, got "
-                f"strides {_fmt(info.strides)} for shape {_fmt(info.shape)}"
-            )
+    _check_strides(info)
 
 
 def _check_int32_vector(info: _Info) -> None:
@@ -148,19 +139,7 @@ def _check_offsets(cu_q: _Info, cu_k: _Info, seqused_k: Optional[_Info]) -> int:
 
 
 def _check_shapes(q: _Info, k: _Info, v: _Info, out: Optional[_Info]) -> None:
-    if k.shape[2] != q.shape[2]:
-        raise ValueError(
-            f"k: head dim {k.shape[2]} does not match q's {q.shape[2]} "
-            f"(q shape {_fmt(q.shape)}, k shape {_fmt(k.shape)})"
-        )
-    if v.shape != k.shape:
-        raise ValueError(f"v: shape {_fmt(v.shape)} does not match k's shape {_fmt(k.shape)}")
-    nheads, nheads_kv = q.shape[1], k.shape[1]
-    if (nheads_kv == 0 and nheads != 0) or (nheads_kv != 0 and nheads % nheads_kv != 0):
-        raise ValueError(
-            f"q, k: q's {nheads} heads are not a multiple of k/v's {nheads_kv} heads "
-            f"(grouped-query attention needs nheads % nheads_kv == 0)"
-        )
+    _check_kv(q, k, v)
     if out is not None and out.shape != q.shape:
         raise ValueError(
             f"out: expected shape {_fmt(q.shape)} (total_q, nheads, headdim), got {_fmt(out.shape)}"
@@ -247,8 +226,6 @@ def varlen_backward_problem(
     deterministic: Any = False, backend: Any = None, window: Any = (-1, -1), softcap: Any = 0.0,
 ) -> tuple[VarlenProblem, list[_Info]]:
     """``validate_varlen_backward`` without its last check (devices)."""
-    from ._validate_backward import check_backward_flags
-
     check_backward_flags(deterministic, backend)
     if out is None:
         raise TypeError("out: expected the forward's output, got None")
@@ -257,19 +234,10 @@ def varlen_backward_problem(
         seqused_k=seqused_k, causal=causal, softmax_scale=softmax_scale, backend=backend,
         window=window, softcap=softcap,
     )
-    infos = [_inspect("dout", dout)]
-    for name, x in (("dq", dq), ("dk", dk), ("dv", dv)):
-        if x is not None:
-            infos.append(_inspect(name, x))
+    infos = gradient_infos(dout, dq, dk, dv)
     for info in infos:
         _check_packed(info)
-        expected = problem.kv_shape if info.name in ("dk", "dv") else problem.out_shape
-        if info.shape != expected:
-            raise ValueError(f"{info.name}: expected shape {_fmt(expected)}, got {_fmt(info.shape)}")
-        if info.dtype != problem.dtype:
-            raise TypeError(
-                f"{info.name}: dtype {info.dtype} does not match q's dtype {problem.dtype}"
-            )
+        check_gradient(info, problem)
     lse_info = _inspect("lse", lse)
     if lse_info.dtype != "float32" or lse_info.shape != problem.lse_shape:
         raise ValueError(

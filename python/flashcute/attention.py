@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
 
 from ._build_info import load_extension
 from ._dispatch import choose_backend
@@ -17,6 +17,7 @@ from ._validate import (
     type_name,
     validate_forward,
 )
+from ._validate_varlen import VarlenProblem
 
 
 def _is_torch_type(x: Any) -> bool:
@@ -85,8 +86,28 @@ def _allocator(q: Any, out: Any, return_lse: bool) -> tuple[Optional[Framework],
     return None, q
 
 
+def _check_front_door_flags(
+    return_lse: Any, deterministic: Any, window: Any, softcap: Any
+) -> tuple[tuple[int, int], float]:
+    """The front doors' checks before routing: ``return_lse`` and ``deterministic`` bools;
+    returns the window as ``kernel_window`` gives it and the softcap as a float (plain values
+    from here on: they key plans and custom ops)."""
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse: expected a bool, got {type_name(return_lse)}")
+    check_deterministic(deterministic)
+    return kernel_window(window), check_softcap(softcap)
+
+
+def _check_outs(*xs: Any) -> None:
+    """The framework's own checks of buffers to write into (None: not given)."""
+    for x in xs:
+        adapter = framework_of(x) if x is not None else None
+        if adapter is not None:
+            adapter.check_out(x)
+
+
 def _outputs(
-    problem: ForwardProblem, alloc: Optional[Framework], like: Any, out: Any, return_lse: bool
+    problem: Union[ForwardProblem, VarlenProblem], alloc: Optional[Framework], like: Any, out: Any, return_lse: bool
 ) -> tuple[Any, Any]:
     """The output (``out`` or a new array) and, when asked for, a new lse array."""
     result = out if out is not None else alloc.empty(like, problem.out_shape, problem.dtype)
@@ -175,11 +196,7 @@ def attention(
         RuntimeError: no usable GPU, or a CUDA error.
         ImportError: the compiled extension is missing.
     """
-    if not isinstance(return_lse, bool):
-        raise TypeError(f"return_lse: expected a bool, got {type_name(return_lse)}")
-    check_deterministic(deterministic)
-    window = kernel_window(window)  # plain ints from here on: they key plans and custom ops
-    softcap = check_softcap(softcap)
+    window, softcap = _check_front_door_flags(return_lse, deterministic, window, softcap)
     if _torch_tensors(q, k, v) and (out is None or _torch_tensors(out)):
         check_scalars(causal, softmax_scale, backend)
         if out is not None:
@@ -217,9 +234,7 @@ def attention_dlpack(
         q_x, k_x, v_x, out_x, causal=causal, softmax_scale=softmax_scale, backend=backend,
         window=window, softcap=softcap,
     )
-    out_adapter = framework_of(out) if out is not None else None
-    if out_adapter is not None:
-        out_adapter.check_out(out)
+    _check_outs(out)
     alloc, like = _allocator(q, out, return_lse)
 
     capability = int(ext.device_capability(problem.device_id))
@@ -241,13 +256,18 @@ def forward_workspace_bytes(ext: Any, problem: ForwardProblem, causal: bool, bac
     ))
 
 
+#: ``forward_workspace_bytes`` of a fixed-length or variable-length problem.
+WorkspaceBytes = Callable[[Any, Any, bool, int], int]
+
+
 def _workspace(
     ext: Any,
-    problem: ForwardProblem,
+    problem: Union[ForwardProblem, VarlenProblem],
     alloc: Optional[Framework],
     like: Any,
     causal: bool,
     backend_code: int,
+    workspace_bytes: WorkspaceBytes = forward_workspace_bytes,
 ) -> Any:
     """The optional forward workspace, from the allocating framework; None when the call
     needs none (the Hopper path uses it to split the last wave of tiles of a call
@@ -255,20 +275,24 @@ def _workspace(
     nothing can allocate it (the call then runs unsplit, with the same results)."""
     if alloc is None:
         return None
-    nbytes = forward_workspace_bytes(ext, problem, causal, backend_code)
+    nbytes = workspace_bytes(ext, problem, causal, backend_code)
     return alloc.empty(like, (nbytes,), "uint8") if nbytes > 0 else None
 
 
 def _launch(
     ext: Any,
-    problem: ForwardProblem,
+    problem: Union[ForwardProblem, VarlenProblem],
     alloc: Optional[Framework],
     like: Any,
-    tensors: tuple[Any, Any, Any, Any, Any],
+    tensors: Sequence[Any],
     causal: bool,
     backend_code: int,
+    workspace_bytes: WorkspaceBytes = forward_workspace_bytes,
+    sizes: tuple[int, ...] = (),
 ) -> None:
-    """Run the kernel on the allocating framework's current stream."""
+    """Run the kernel on the allocating framework's current stream. ``tensors`` are the
+    exported q, k, v, out and lse (None: not asked for), then for a variable-length call the
+    offsets and seqused_k, whose max_seqlen pair is ``sizes``."""
     sync = alloc is not None and alloc.synchronize_after
     if sync:
         if not hasattr(ext, "synchronize"):
@@ -281,10 +305,10 @@ def _launch(
             if adapter is not None:
                 adapter.prepare(x)
     stream = alloc.stream(like) if alloc is not None else 0
-    workspace = _workspace(ext, problem, alloc, like, causal, backend_code)
-    q, k, v, out, lse = (launchable(x) for x in tensors)
+    workspace = _workspace(ext, problem, alloc, like, causal, backend_code, workspace_bytes)
+    q, k, v, out, lse, *seq = (launchable(x) for x in tensors)
     ext.forward(q, k, v, out, lse, problem.scale, causal, backend_code, stream,
                 launchable(workspace) if workspace is not None else None,
-                problem.window_left, problem.window_right, problem.softcap)
+                problem.window_left, problem.window_right, problem.softcap, *seq, *sizes)
     if sync:
         ext.synchronize(stream, problem.device_id)

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 from ._build_info import load_extension
 from ._dispatch import choose_backward_backend
-from ._frameworks import export, framework_of, launchable
-from ._validate import check_scalars, check_softcap, kernel_window, type_name
+from ._frameworks import Framework, export, framework_of, launchable
+from ._validate import ForwardProblem, check_scalars, check_softcap, kernel_window, type_name
 from ._validate_backward import check_backward_flags, validate_backward
-from .attention import _torch_route, _torch_tensors
+from ._validate_varlen import VarlenProblem
+from .attention import _check_outs, _torch_route, _torch_tensors
 
 
 def attention_backward(
@@ -109,47 +110,75 @@ def attention_backward_dlpack(
 ) -> tuple[Any, Any, Any]:
     """``attention_backward`` through DLPack, for every framework: the route of calls on
     torch tensors that something watches, and of all cupy and jax calls."""
-    alloc = framework_of(q)
-    if alloc is None:
-        raise TypeError(
-            f"q: flashcute can allocate gradients and workspaces only for a torch.Tensor, "
-            f"cupy.ndarray or jax.Array, got {type_name(q)}"
-        )
+    alloc = _gradient_allocator(q)
     ext = load_extension()
     exported = [export(x) for x in (dout, q, k, v, out, lse)]
     problem = validate_backward(
         *exported, dq=dq, dk=dk, dv=dv, causal=causal, softmax_scale=softmax_scale,
         deterministic=deterministic, backend=backend, window=window, softcap=softcap,
     )
-    for x in (dq, dk, dv):
-        adapter = framework_of(x) if x is not None else None
-        if adapter is not None:
-            adapter.check_out(x)
+    _check_outs(dq, dk, dv)
     capability = int(ext.device_capability(problem.device_id))
     backend_code = choose_backward_backend(
         backend, capability, headdim=problem.headdim, dtype=problem.dtype,
         deterministic=deterministic,
     )
-    kv_shape = (problem.batch, problem.seqlen_k, problem.nheads_kv, problem.headdim)
-    grads = [
-        given if given is not None else alloc.empty(q, shape, problem.dtype)
-        for given, shape in ((dq, problem.out_shape), (dk, kv_shape), (dv, kv_shape))
-    ]
+    grads = _gradients(alloc, q, problem, dq, dk, dv)
     nbytes = int(ext.backward_workspace_size(
         problem.batch, problem.seqlen_q, problem.seqlen_k, problem.nheads, problem.nheads_kv,
         problem.headdim, problem.dtype, deterministic, backend_code, causal,
         problem.window_left, problem.window_right,
     ))
+    inputs = (dout, q, k, v, out, lse)
+    _launch(ext, alloc, problem, inputs, exported, grads, nbytes, causal, deterministic,
+            backend_code)
+    return grads[0], grads[1], grads[2]
+
+
+def _gradient_allocator(q: Any) -> Framework:
+    """q's framework, which allocates the gradients and the workspace."""
+    alloc = framework_of(q)
+    if alloc is None:
+        raise TypeError(
+            f"q: flashcute can allocate gradients and workspaces only for a torch.Tensor, "
+            f"cupy.ndarray or jax.Array, got {type_name(q)}"
+        )
+    return alloc
+
+
+def _gradients(
+    alloc: Framework, q: Any, problem: Union[ForwardProblem, VarlenProblem], dq: Any, dk: Any,
+    dv: Any,
+) -> list[Any]:
+    """[dq, dk, dv]: the given buffers, or new arrays of q's framework."""
+    return [
+        given if given is not None else alloc.empty(q, shape, problem.dtype)
+        for given, shape in ((dq, problem.out_shape), (dk, problem.kv_shape), (dv, problem.kv_shape))
+    ]
+
+
+def _launch(
+    ext: Any, alloc: Framework, problem: Union[ForwardProblem, VarlenProblem],
+    inputs: Sequence[Any], exported: Sequence[Any], grads: Sequence[Any], nbytes: int,
+    causal: bool, deterministic: bool, backend_code: int, seq: Sequence[Any] = (),
+    sizes: tuple[int, ...] = (),
+) -> None:
+    """Run the backward on q's current stream. ``inputs`` are the caller's dout, q, k, v, out
+    and lse (then, for a variable-length call, its offsets and seqused_k; None: not given),
+    ``exported`` the first six exported; ``seq`` the exported offsets and seqused_k and
+    ``sizes`` the max_seqlen pair of a variable-length call."""
+    q = inputs[1]
     workspace = alloc.empty(q, (nbytes,), "uint8")
     if alloc.synchronize_after:
-        for x in (dout, q, k, v, out, lse):
-            alloc.prepare(x)
+        for x in inputs:
+            if x is not None:
+                alloc.prepare(x)
     stream = alloc.stream(q)
     ext.backward(
         *[launchable(x) for x in (*exported, *[export(g) for g in grads], workspace)],
         problem.scale, causal, deterministic, backend_code, stream,
         problem.window_left, problem.window_right, problem.softcap,
+        *[launchable(x) for x in seq], *sizes,
     )
     if alloc.synchronize_after:
         ext.synchronize(stream, problem.device_id)
-    return grads[0], grads[1], grads[2]

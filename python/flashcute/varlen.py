@@ -7,8 +7,8 @@ from typing import Any, Optional, Sequence
 
 from ._build_info import load_extension
 from ._dispatch import choose_backend, choose_backward_backend
-from ._frameworks import export, framework_of, launchable
-from ._validate import check_deterministic, check_scalars, check_softcap, kernel_window, type_name
+from ._frameworks import export
+from ._validate import check_scalars, check_softcap, kernel_window, type_name
 from ._validate_backward import check_backward_flags
 from ._validate_varlen import (
     VarlenProblem,
@@ -16,7 +16,18 @@ from ._validate_varlen import (
     validate_varlen,
     validate_varlen_backward,
 )
-from .attention import _allocator, _refuse_grad_with_out, _torch_tensors
+from .attention import (
+    _allocator,
+    _check_front_door_flags,
+    _check_outs,
+    _launch,
+    _outputs,
+    _refuse_grad_with_out,
+    _torch_route,
+    _torch_tensors,
+)
+from .backward import _gradient_allocator, _gradients
+from .backward import _launch as _launch_backward
 
 
 def varlen_extension() -> Any:
@@ -124,11 +135,7 @@ def attention_varlen(
         RuntimeError: no usable GPU, or a CUDA error.
         ImportError: the compiled extension is missing or predates variable-length batches.
     """
-    if not isinstance(return_lse, bool):
-        raise TypeError(f"return_lse: expected a bool, got {type_name(return_lse)}")
-    check_deterministic(deterministic)
-    window = kernel_window(window)
-    softcap = check_softcap(softcap)
+    window, softcap = _check_front_door_flags(return_lse, deterministic, window, softcap)
     max_seqlen_q = check_max_seqlen("max_seqlen_q", max_seqlen_q)
     max_seqlen_k = check_max_seqlen("max_seqlen_k", max_seqlen_k)
     if _torch_call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, out):
@@ -189,36 +196,15 @@ def attention_varlen_dlpack(
         causal=causal, softmax_scale=softmax_scale, backend=backend, window=window,
         softcap=softcap,
     )
-    out_adapter = framework_of(out) if out is not None else None
-    if out_adapter is not None:
-        out_adapter.check_out(out)
+    _check_outs(out)
     alloc, like = _allocator(q, out, return_lse)
     capability = int(ext.device_capability(problem.device_id))
     code = choose_backend(backend, capability, headdim=problem.headdim, dtype=problem.dtype)
-    result = out if out is not None else alloc.empty(like, problem.out_shape, problem.dtype)
-    lse = alloc.empty(like, problem.lse_shape, "float32") if return_lse else None
+    result, lse = _outputs(problem, alloc, like, out, return_lse)
     if not problem.empty_output:
         tensors = (q_x, k_x, v_x, out_x if out is not None else result, lse, cu_q_x, cu_k_x, used_x)
-        sync = alloc is not None and alloc.synchronize_after
-        if sync:
-            for x in (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, out, result, lse):
-                adapter = framework_of(x) if x is not None else None
-                if adapter is not None:
-                    adapter.prepare(x)
-        stream = alloc.stream(like) if alloc is not None else 0
-        nbytes = forward_workspace_bytes(ext, problem, causal, code) if alloc is not None else 0
-        workspace = alloc.empty(like, (nbytes,), "uint8") if nbytes > 0 else None
-        q_l, k_l, v_l, out_l, lse_l, cu_q_l, cu_k_l, used_l = (
-            launchable(x) if x is not None else None for x in tensors
-        )
-        ext.forward(
-            q_l, k_l, v_l, out_l, lse_l, problem.scale, causal, code, stream,
-            launchable(workspace) if workspace is not None else None, problem.window_left,
-            problem.window_right, problem.softcap, cu_q_l, cu_k_l, used_l, problem.max_seqlen_q,
-            problem.max_seqlen_k,
-        )
-        if sync:
-            ext.synchronize(stream, problem.device_id)
+        _launch(ext, problem, alloc, like, tensors, causal, code, forward_workspace_bytes,
+                (problem.max_seqlen_q, problem.max_seqlen_k))
     return (result, lse) if return_lse else result
 
 
@@ -276,14 +262,18 @@ def attention_varlen_backward(
     if _torch_call(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, dq, dk, dv):
         check_scalars(causal, softmax_scale, backend)
         check_backward_flags(deterministic, backend)
-        from . import _torch_varlen
+        tensors = [x for x in (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                               dq, dk, dv) if x is not None]
+        # Gradients are not differentiated, so autograd does not count as watching.
+        if not _torch_route().watched(*tensors):
+            from ._torch_varlen import backward as direct
 
-        return _torch_varlen.attention_backward(
-            dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-            seqused_k=seqused_k, causal=causal, softmax_scale=softmax_scale,
-            deterministic=deterministic, backend=backend, dq=dq, dk=dk, dv=dv, window=window,
-            softcap=softcap,
-        )
+            return direct(
+                dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                seqused_k=seqused_k, causal=causal, softmax_scale=softmax_scale,
+                deterministic=deterministic, backend=backend, dq=dq, dk=dk, dv=dv,
+                window=window, softcap=softcap,
+            )
     return attention_varlen_backward_dlpack(
         dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         seqused_k=seqused_k, causal=causal, softmax_scale=softmax_scale, dq=dq, dk=dk, dv=dv,
@@ -299,12 +289,7 @@ def attention_varlen_backward_dlpack(
     window: Sequence[int] = (-1, -1), softcap: float = 0.0,
 ) -> tuple[Any, Any, Any]:
     """``attention_varlen_backward`` through DLPack, for every framework."""
-    alloc = framework_of(q)
-    if alloc is None:
-        raise TypeError(
-            f"q: flashcute can allocate gradients and workspaces only for a torch.Tensor, "
-            f"cupy.ndarray or jax.Array, got {type_name(q)}"
-        )
+    alloc = _gradient_allocator(q)
     ext = varlen_extension()
     exported = [export(x) for x in (dout, q, k, v, out, lse)]
     cu_q_x, cu_k_x = export(cu_seqlens_q), export(cu_seqlens_k)
@@ -314,33 +299,17 @@ def attention_varlen_backward_dlpack(
         dv=dv, causal=causal, softmax_scale=softmax_scale, deterministic=deterministic,
         backend=backend, window=window, softcap=softcap,
     )
-    for x in (dq, dk, dv):
-        adapter = framework_of(x) if x is not None else None
-        if adapter is not None:
-            adapter.check_out(x)
+    _check_outs(dq, dk, dv)
     capability = int(ext.device_capability(problem.device_id))
     code = choose_backward_backend(
         backend, capability, headdim=problem.headdim, dtype=problem.dtype,
         deterministic=deterministic,
     )
-    grads = [
-        given if given is not None else alloc.empty(q, shape, problem.dtype)
-        for given, shape in ((dq, problem.out_shape), (dk, problem.kv_shape), (dv, problem.kv_shape))
-    ]
+    grads = _gradients(alloc, q, problem, dq, dk, dv)
     nbytes = backward_workspace_bytes(ext, problem, causal, deterministic, code)
-    workspace = alloc.empty(q, (nbytes,), "uint8")
-    if alloc.synchronize_after:
-        for x in (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k):
-            if x is not None:
-                alloc.prepare(x)
-    stream = alloc.stream(q)
-    ext.backward(
-        *[launchable(x) for x in (*exported, *[export(g) for g in grads], workspace)],
-        problem.scale, causal, deterministic, code, stream, problem.window_left,
-        problem.window_right, problem.softcap, launchable(cu_q_x), launchable(cu_k_x),
-        launchable(used_x) if used_x is not None else None, problem.max_seqlen_q,
-        problem.max_seqlen_k,
+    inputs = (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    _launch_backward(
+        ext, alloc, problem, inputs, exported, grads, nbytes, causal, deterministic, code,
+        (cu_q_x, cu_k_x, used_x), (problem.max_seqlen_q, problem.max_seqlen_k),
     )
-    if alloc.synchronize_after:
-        ext.synchronize(stream, problem.device_id)
     return grads[0], grads[1], grads[2]
