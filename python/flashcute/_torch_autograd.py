@@ -23,6 +23,22 @@ from . import _torch_direct
 from ._torch_layout import kernel_layout
 
 
+def save_options(
+    ctx: Any, lse: Tensor, causal: bool, softmax_scale: Any, window: tuple[Any, Any],
+    softcap: Any, deterministic: bool, backend: Optional[str],
+) -> None:
+    """The forward's options on ``ctx`` for the backward (fixed-length and variable-length,
+    eager and custom-op routes), lse marked non-differentiable."""
+    ctx.causal = causal
+    ctx.softmax_scale = softmax_scale
+    ctx.window = window
+    ctx.softcap = softcap
+    ctx.deterministic = deterministic
+    # A forward forced onto "hopper" differentiates with the default choice of backward.
+    ctx.backend = None if backend == "hopper" else backend
+    ctx.mark_non_differentiable(lse)
+
+
 class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
@@ -34,15 +50,7 @@ class _Attention(torch.autograd.Function):
             window=window, softcap=softcap,
         )
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.causal = causal
-        ctx.softmax_scale = softmax_scale
-        ctx.window = window
-        ctx.softcap = softcap
-        ctx.deterministic = deterministic
-        # As the custom ops' formula: a forward forced onto "hopper" differentiates with the
-        # default choice of backward.
-        ctx.backend = None if backend == "hopper" else backend
-        ctx.mark_non_differentiable(lse)
+        save_options(ctx, lse, causal, softmax_scale, window, softcap, deterministic, backend)
         return out, lse
 
     @staticmethod

@@ -31,6 +31,7 @@ from ._torch_direct import (
     _plans,
     _stream,
 )
+from ._torch_autograd import save_options
 from ._torch_layout import kernel_layout
 from ._validate_varlen import (
     VarlenProblem,
@@ -255,12 +256,7 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tens
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used)
     ctx.sizes = (max_q, max_k)
-    ctx.causal, ctx.softmax_scale, ctx.window, ctx.softcap = causal, scale, (left, right), softcap
-    ctx.deterministic = deterministic
-    # As for fixed-length calls: a forward forced onto "hopper" differentiates with the
-    # default choice of backward.
-    ctx.backend = None if backend == "hopper" else backend
-    ctx.mark_non_differentiable(lse)
+    save_options(ctx, lse, causal, scale, (left, right), softcap, deterministic, backend)
 
 
 def _backward(ctx: Any, dout: Tensor, _dlse: Optional[Tensor]) -> tuple[Any, ...]:
@@ -295,10 +291,7 @@ class _AttentionVarlen(torch.autograd.Function):
         )
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used)
         ctx.sizes = (max_q, max_k)
-        ctx.causal, ctx.softmax_scale, ctx.window, ctx.softcap = causal, softmax_scale, window, softcap
-        ctx.deterministic = deterministic
-        ctx.backend = None if backend == "hopper" else backend
-        ctx.mark_non_differentiable(lse)
+        save_options(ctx, lse, causal, softmax_scale, window, softcap, deterministic, backend)
         return out, lse
 
     @staticmethod

@@ -400,6 +400,26 @@ def validate_forward(
     return problem
 
 
+def _qkv_infos(q: Any, k: Any, v: Any, out: Any) -> dict[str, _Info]:
+    """The infos of q, k, v and out (when given), by name."""
+    tensors = {"q": q, "k": k, "v": v}
+    if out is not None:
+        tensors["out"] = out
+    return {name: _inspect(name, x) for name, x in tensors.items()}
+
+
+def _resolve_scalars(
+    headdim: int, softmax_scale: Any, softcap: Any, window: Any
+) -> tuple[float, float, int, int]:
+    """(scale, softcap, window_left, window_right) as the kernels take them: the scale given
+    or 1/sqrt(headdim), a softcap that works with it, the window's sides clipped."""
+    scale = 1.0 / math.sqrt(headdim) if softmax_scale is None else float(softmax_scale)
+    cap = check_softcap(softcap)
+    check_softcap_scale(cap, scale)
+    window_left, window_right = kernel_window(window)
+    return scale, cap, window_left, window_right
+
+
 def forward_problem(
     q: Any, k: Any, v: Any, out: Any = None, *, causal: Any, softmax_scale: Any, backend: Any,
     window: Any = (-1, -1), softcap: Any = 0.0,
@@ -407,10 +427,7 @@ def forward_problem(
     """``validate_forward`` without its last check (devices): the problem and the tensors'
     infos, q's first, for callers that add tensors of their own before checking devices."""
     check_scalars(causal, softmax_scale, backend, window, softcap)
-    tensors = {"q": q, "k": k, "v": v}
-    if out is not None:
-        tensors["out"] = out
-    infos = {name: _inspect(name, x) for name, x in tensors.items()}
+    infos = _qkv_infos(q, k, v, out)
     for info in infos.values():
         _check_rank(info)
     qi, ki, vi, oi = infos["q"], infos["k"], infos["v"], infos.get("out")
@@ -421,10 +438,7 @@ def forward_problem(
     _check_headdim(headdim)
     for info in infos.values():
         _check_strides(info)
-    scale = 1.0 / math.sqrt(headdim) if softmax_scale is None else float(softmax_scale)
-    cap = check_softcap(softcap)
-    check_softcap_scale(cap, scale)
-    window_left, window_right = kernel_window(window)
+    scale, cap, window_left, window_right = _resolve_scalars(headdim, softmax_scale, softcap, window)
     problem = ForwardProblem(
         batch=batch,
         seqlen_q=seqlen_q,

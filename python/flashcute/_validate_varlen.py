@@ -10,7 +10,6 @@ checks (scalars, then tensors, devices last).
 
 from __future__ import annotations
 
-import math
 import numbers
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -24,10 +23,9 @@ from ._validate import (
     _fmt,
     _Info,
     _inspect,
+    _qkv_infos,
+    _resolve_scalars,
     check_scalars,
-    check_softcap,
-    check_softcap_scale,
-    kernel_window,
     type_name,
 )
 from ._validate_backward import check_backward_flags, check_gradient, gradient_infos
@@ -156,10 +154,7 @@ def varlen_problem(
     max_q, max_k = check_varlen_scalars(
         max_seqlen_q, max_seqlen_k, causal, softmax_scale, backend, window, softcap
     )
-    tensors = {"q": q, "k": k, "v": v}
-    if out is not None:
-        tensors["out"] = out
-    infos = {name: _inspect(name, x) for name, x in tensors.items()}
+    infos = _qkv_infos(q, k, v, out)
     for info in infos.values():
         _check_packed(info)
     qi, ki, vi, oi = infos["q"], infos["k"], infos["v"], infos.get("out")
@@ -172,10 +167,7 @@ def varlen_problem(
     if seqused_k is not None:
         vectors.append(_inspect("seqused_k", seqused_k))
     batch = _check_offsets(vectors[0], vectors[1], vectors[2] if seqused_k is not None else None)
-    scale = 1.0 / math.sqrt(headdim) if softmax_scale is None else float(softmax_scale)
-    cap = check_softcap(softcap)
-    check_softcap_scale(cap, scale)
-    window_left, window_right = kernel_window(window)
+    scale, cap, window_left, window_right = _resolve_scalars(headdim, softmax_scale, softcap, window)
     total_k = ki.shape[0]
     problem = VarlenProblem(
         batch=batch, total_q=total_q, total_k=total_k,
