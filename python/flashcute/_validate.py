@@ -400,14 +400,6 @@ def validate_forward(
     return problem
 
 
-def _qkv_infos(q: Any, k: Any, v: Any, out: Any) -> dict[str, _Info]:
-    """The infos of q, k, v and out (when given), by name."""
-    tensors = {"q": q, "k": k, "v": v}
-    if out is not None:
-        tensors["out"] = out
-    return {name: _inspect(name, x) for name, x in tensors.items()}
-
-
 def _resolve_scalars(
     headdim: int, softmax_scale: Any, softcap: Any, window: Any
 ) -> tuple[float, float, int, int]:
@@ -427,7 +419,10 @@ def forward_problem(
     """``validate_forward`` without its last check (devices): the problem and the tensors'
     infos, q's first, for callers that add tensors of their own before checking devices."""
     check_scalars(causal, softmax_scale, backend, window, softcap)
-    infos = _qkv_infos(q, k, v, out)
+    tensors = {"q": q, "k": k, "v": v}
+    if out is not None:
+        tensors["out"] = out
+    infos = {name: _inspect(name, x) for name, x in tensors.items()}
     for info in infos.values():
         _check_rank(info)
     qi, ki, vi, oi = infos["q"], infos["k"], infos["v"], infos.get("out")

@@ -23,7 +23,6 @@ from ._validate import (
     _fmt,
     _Info,
     _inspect,
-    _qkv_infos,
     _resolve_scalars,
     check_scalars,
     type_name,
@@ -154,7 +153,10 @@ def varlen_problem(
     max_q, max_k = check_varlen_scalars(
         max_seqlen_q, max_seqlen_k, causal, softmax_scale, backend, window, softcap
     )
-    infos = _qkv_infos(q, k, v, out)
+    tensors = {"q": q, "k": k, "v": v}
+    if out is not None:
+        tensors["out"] = out
+    infos = {name: _inspect(name, x) for name, x in tensors.items()}
     for info in infos.values():
         _check_packed(info)
     qi, ki, vi, oi = infos["q"], infos["k"], infos["v"], infos.get("out")
