@@ -92,9 +92,10 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
   TileWalk walk(params.schedule);
   for (; walk.valid(); walk.advance()) {
     const FwdTile tile = walk.tile();
-    const int row0 = tile_row0(params, tile.m_block);
-    // The tile's sequence (seq_view.h): a tile past its query rows runs nothing (nor loads).
+    // The tile's sequence (seq_view.h) and its place there (causal pairs per sequence): a tile
+    // past its query rows runs nothing (nor loads).
     const SeqView view = SeqView::of(args, tile.batch);
+    const int row0 = seq_tile(params, tile.m_block, view.seqlen_q).row0();
     if (row0 >= view.seqlen_q) continue;
     const MaskPolicy mask = view.mask(args);
     KeyBlockRange range = key_block_range<kBlockN>(mask, row0, Traits::kBlockM);
