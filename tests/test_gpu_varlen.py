@@ -176,6 +176,26 @@ def test_forward(gen, backend, causal, window, softcap, seqused, nheads_kv):
     check_varlen_forward(batch, out, lse, causal=causal, window=window, softcap=softcap)
 
 
+# Causal with many query tiles: the longest sequence sets the tile pairs (an even and an odd
+# count at 128- and 192-row tiles), the others pair their own tiles, from one tile to all,
+# with every partial-tile remainder class (row shifts of 0, 64 and 128 rows).
+LONG_MIXED = {
+    "max1100": [(1100, 1100), (1000, 700), (577, 577), (385, 900), (191, 191), (0, 5), (64, 0),
+                (833, 833), (1, 1), (449, 449), (130, 1100)],
+    "max959": [(959, 959), (768, 768), (700, 300), (129, 129), (0, 0), (63, 64), (959, 0),
+               (320, 320), (193, 500)],
+}
+
+
+@pytest.mark.parametrize("backend", _fwd_backends(HEADDIM))
+@pytest.mark.parametrize("seqs", list(LONG_MIXED.values()), ids=list(LONG_MIXED))
+@pytest.mark.parametrize("seqused", [False, True])
+def test_causal_tiles_per_sequence(gen, backend, seqs, seqused):
+    batch = Batch(gen, seqs, seqused=seqused)
+    out, lse = run_forward(batch, backend=backend, causal=True, window=NO_WINDOW, softcap=0.0)
+    check_varlen_forward(batch, out, lse, causal=True, window=NO_WINDOW, softcap=0.0)
+
+
 @pytest.mark.parametrize("backend", _bwd_backends(HEADDIM))
 @pytest.mark.parametrize("causal, window, softcap, seqused, nheads_kv", _mask_cases())
 def test_backward(gen, backend, causal, window, softcap, seqused, nheads_kv):
