@@ -30,8 +30,13 @@ struct FwdKernelParams {
   // window_right in [0, seqlen_q]; the clip values leave a side unbounded, causal sets right to 0.
   int window_left, window_right;
   // Score hook (score_hook.h): softcap_in = softmax_scale / softcap, 0 when off, and
-  // softcap_out = softcap / softmax_scale.
+  // softcap_out = softcap / softmax_scale; ALiBi's float32 slopes, (batch, nheads) with
+  // alibi_batch_stride (0: one row for every batch) or null when off, and alibi_scale =
+  // -1 / softmax_scale, which turns a slope into raw-score units.
   float softcap_in, softcap_out;
+  const float* __restrict__ alibi_slopes;
+  int64_t alibi_batch_stride;
+  float alibi_scale;
   // Optional: the Hopper path splits its last wave when this holds the bytes
   // plan_fwd_split() asks for (hopper/fwd_split_plan.h).
   void* workspace;
@@ -85,8 +90,13 @@ struct BwdKernelParams {
   // window_right in [0, seqlen_q]; the clip values leave a side unbounded, causal sets right to 0.
   int window_left, window_right;
   // Score hook (score_hook.h): softcap_in = softmax_scale / softcap, 0 when off, and
-  // softcap_out = softcap / softmax_scale.
+  // softcap_out = softcap / softmax_scale; ALiBi's float32 slopes, (batch, nheads) with
+  // alibi_batch_stride (0: one row for every batch) or null when off, and alibi_scale =
+  // -1 / softmax_scale, which turns a slope into raw-score units.
   float softcap_in, softcap_out;
+  const float* __restrict__ alibi_slopes;
+  int64_t alibi_batch_stride;
+  float alibi_scale;
 };
 
 // Whether the mask bounds keys by more than seqlen_k (causal diagonal or window): per-tile work

@@ -190,9 +190,14 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
                                                thr_copy_b.partition_S(sK), thr_copy_b.retile_D(tSrK),
                                                tiled_mma, copy_a, copy_b);
     Tensor acc_s_rc = rowcol_view(acc_s);
-    if (ScoreHook::of(params).active()) ScoreHook::of(params).apply(acc_s);
+    const int col_base = n_block * kBlockN + thread_col;
+    if (ScoreHook::of(params).active()) {  // uniform: softcap and ALiBi, before the mask
+      const ScoreHook hook = ScoreHook::of(params);
+      hook.apply(acc_s_rc, score_offsets_rc, thread_row, col_base, MaskPolicy::of(params).offset(),
+                 hook.alibi_slope(batch, head));
+    }
     if (range.needs_mask(n_block))  // warp-uniform
-      MaskPolicy::of(params).apply(acc_s_rc, score_offsets_rc, thread_row, n_block * kBlockN + thread_col);
+      MaskPolicy::of(params).apply(acc_s_rc, score_offsets_rc, thread_row, col_base);
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       CUTE_UNROLL
@@ -212,12 +217,16 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
       for (int c = 0; c < size<1>(acc_dp_rc); ++c)
         acc_dp_rc(r, c) = acc_s_rc(r, c) * (acc_dp_rc(r, c) - row_dot[r]);
     }
-    if (ScoreHook::of(params).active()) {
+    if (ScoreHook::of(params).softcap()) {  // ALiBi's bias alone leaves dS as it is
+      const ScoreHook hook = ScoreHook::of(params);
+      const float slope = hook.alibi_slope(batch, head);
+      const float base = float(thread_row + MaskPolicy::of(params).offset() - col_base);
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
         CUTE_UNROLL
         for (int c = 0; c < size<1>(acc_dp_rc); ++c)
-          acc_dp_rc(r, c) *= ScoreHook::of(params).grad_factor(acc_s_rc(r, c), lse_log2[r], 1.f / params.scale_log2);
+          acc_dp_rc(r, c) *= hook.grad_factor(acc_s_rc(r, c), lse_log2[r], 1.f / params.scale_log2,
+                                              ScoreHook::alibi_bias(slope, base, score_offsets_rc, r, c));
       }
     }
 

@@ -16,7 +16,7 @@
 // Query blocks on the mask's edges (causal diagonal, window sides, seqlen_k tail; mask.h) apply
 // the mask; the rest skip it with one warp-uniform branch. Without kGeneral, the mask has no left
 // side (dense, causal, a window's right side); with it, also the left side, and the score hook
-// runs on S (score_hook.h) with its chain factor on dS. (The loop body is written out, not a lambda: a
+// (softcap, ALiBi) runs on S (score_hook.h) with its chain factor on dS. (The loop body is written out, not a lambda: a
 // lambda too large to inline would put the by-reference accumulators in local memory.)
 #pragma once
 
@@ -232,7 +232,11 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
                                    tSsK, thr_copy_b_sdp.retile_D(tSrK), mma_sdp, copy_a_sdp, copy_b_sdp);
       Tensor acc_s_rc = rowcol_view(acc_s);
       if constexpr (kGeneral) {
-        if (ScoreHook::of(params).active()) ScoreHook::of(params).apply(acc_s);
+        if (ScoreHook::of(params).active()) {  // uniform: softcap and ALiBi, before the mask
+          const ScoreHook hook = ScoreHook::of(params);
+          hook.apply(acc_s_rc, score_offsets_rc, thread_row, n0 + get<1>(tScS(0)), mask.offset(),
+                     hook.alibi_slope(batch, h));
+        }
       }
       if (range.needs_mask(m, kGeneral))  // warp-uniform: the bulk skips the mask
         mask.apply_sides<kGeneral>(acc_s_rc, score_offsets_rc, thread_row, n0 + get<1>(tScS(0)));
@@ -249,12 +253,17 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
       copy(copy_p, thr_copy_p.retile_S(convert_fragment<Element>(acc_s)), tPsP);
       if constexpr (kGeneral) {
         // dS takes the hook's chain factor with P: the fp16 copy below holds P times it (a
-        // factor of 1 without softcap, where softcap_in is 0; no branch, for registers).
+        // factor of 1 without softcap, where softcap_in is 0; no branch, for registers). The
+        // tanh lies under ALiBi's bias (a slope of 0 without ALiBi).
+        const ScoreHook hook = ScoreHook::of(params);
+        const float slope = hook.alibi_slope(batch, h);
+        const float base = float(thread_row + mask.offset() - (n0 + get<1>(tScS(0))));
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) {
           CUTE_UNROLL
           for (int c = 0; c < size<1>(acc_s_rc); ++c)
-            acc_s_rc(r, c) *= ScoreHook::of(params).grad_factor(acc_s_rc(r, c), lse_log2[r], 1.f / scale_log2);
+            acc_s_rc(r, c) *= hook.grad_factor(acc_s_rc(r, c), lse_log2[r], 1.f / scale_log2,
+                                               ScoreHook::alibi_bias(slope, base, score_offsets_rc, r, c));
         }
       }
       Tensor p_half = convert_fragment<cutlass::half_t>(acc_s);
@@ -350,8 +359,9 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
 
 // One kernel symbol per (dtype, head dim, dQ design, general); tile shapes follow the code
 // generation it was compiled for (see bwd_config.h). This kernel sits at the register cap, where
-// runtime branches for softcap and a window's left side made ptxas spill: they are a template
-// switch here (kGeneral), compiled with the atomic-free design only (run_bwd).
+// runtime branches for the score hook (softcap, ALiBi) and a window's left side made ptxas
+// spill: they are a template switch here (kGeneral), compiled with the atomic-free design only
+// (run_bwd).
 template <class Element, int kHeadDim, bool kAddDq, bool kGeneral = false>
 __global__ void __launch_bounds__(
     BwdTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type::kNThreads, 1)

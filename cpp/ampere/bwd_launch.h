@@ -75,9 +75,10 @@ Status launch_bwd_chunk(Kernel kernel, const BwdKernelParams& params, int pair_b
 
 template <class Element, int kHeadDim>
 Status run_bwd(const BwdKernelParams& call, cudaStream_t stream) {
-  // Softcap and windows take the general dK/dV kernel (bwd_kernel.h) with the atomic-free
-  // design, whose dQ pass handles them at no register cost: dq_accum stays unused.
-  const bool general = call.softcap_in != 0.f || !MaskPolicy::of(call).dense_or_causal();
+  // The score hook (softcap, ALiBi) and windows take the general dK/dV kernel (bwd_kernel.h)
+  // with the atomic-free design, whose dQ pass handles them at no register cost: dq_accum
+  // stays unused.
+  const bool general = ScoreHook::of(call).active() || !MaskPolicy::of(call).dense_or_causal();
   BwdKernelParams params = call;
   if (general) params.dq_accum = nullptr;
   using Traits90 = typename BwdTraitsFor<Element, kHeadDim, 90>::type;

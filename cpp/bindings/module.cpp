@@ -73,10 +73,33 @@ flashcute::DType to_dtype(nb::dlpack::dtype dt) {
   throw nb::type_error(("q: expected float16 or bfloat16, got " + dtype_name(dt)).c_str());
 }
 
+// ALiBi's slopes into params (batch and nheads already set): (nheads,) or (batch, nheads)
+// float32 on q's device with unit stride over heads. The Python layer checks the same with the
+// same names; this repeats them for callers of the extension.
+template <class Params>
+void set_alibi_slopes(Params& p, const std::optional<Tensor>& slopes, const Tensor& q) {
+  if (!slopes) return;
+  const Tensor& s = *slopes;
+  if (s.dtype() != nb::dtype<float>())
+    throw nb::type_error(("alibi_slopes: expected float32, got " + dtype_name(s.dtype())).c_str());
+  const size_t ndim = s.ndim();
+  const bool per_batch = ndim == 2;
+  if ((ndim != 1 && !per_batch) || static_cast<int64_t>(s.shape(ndim - 1)) != p.nheads ||
+      (per_batch && static_cast<int64_t>(s.shape(0)) != p.batch))
+    throw nb::value_error("alibi_slopes: expected shape (nheads,) or (batch, nheads)");
+  if (s.shape(ndim - 1) > 1 && s.stride(ndim - 1) != 1)
+    throw nb::value_error("alibi_slopes: expected unit stride over heads");
+  if (s.device_type() != q.device_type() || s.device_id() != q.device_id())
+    throw nb::value_error("alibi_slopes: expected a tensor on q's device");
+  p.alibi_slopes = static_cast<const float*>(s.data());
+  p.alibi_slopes_batch_stride = per_batch && s.shape(0) > 1 ? s.stride(0) : 0;
+}
+
 // Tensors are (batch, seqlen, heads, headdim); lse is (batch, heads, seqlen).
 void forward(Tensor q, Tensor k, Tensor v, MutableTensor out, std::optional<MutableTensor> lse,
              float softmax_scale, bool causal, int backend, uintptr_t stream,
-             std::optional<MutableTensor> workspace, int64_t window_left, int64_t window_right, float softcap) {
+             std::optional<MutableTensor> workspace, int64_t window_left, int64_t window_right, float softcap,
+             std::optional<Tensor> alibi_slopes) {
   if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4 || out.ndim() != 4)
     throw nb::value_error("q, k, v, out: expected 4-d tensors (batch, seqlen, heads, headdim)");
   flashcute::AttentionForwardParams p;
@@ -124,6 +147,7 @@ void forward(Tensor q, Tensor k, Tensor v, MutableTensor out, std::optional<Muta
     throw nb::type_error("q, k, v, out: expected one dtype for all four");
   if (q.stride(3) != 1 || k.stride(3) != 1 || v.stride(3) != 1 || out.stride(3) != 1)
     throw nb::value_error("q, k, v, out: expected unit stride in the headdim dimension");
+  set_alibi_slopes(p, alibi_slopes, q);
 
   flashcute::Status status;
   {
@@ -162,7 +186,7 @@ void check_backward_shapes(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out
 void backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, MutableTensor dq,
               MutableTensor dk, MutableTensor dv, MutableTensor workspace, float softmax_scale,
               bool causal, bool deterministic, int backend, uintptr_t stream, int64_t window_left,
-              int64_t window_right, float softcap) {
+              int64_t window_right, float softcap, std::optional<Tensor> alibi_slopes) {
   check_backward_shapes(dout, q, k, v, out, dq, dk, dv);
   if (lse.ndim() != 3 || lse.dtype() != nb::dtype<float>() || lse.stride(2) != 1 ||
       lse.shape(0) != q.shape(0) || lse.shape(1) != q.shape(2) || lse.shape(2) != q.shape(1))
@@ -189,6 +213,7 @@ void backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
   p.window_left = window_left, p.window_right = window_right;
   p.softcap = softcap;
   p.deterministic = deterministic;
+  set_alibi_slopes(p, alibi_slopes, q);
   p.dtype = to_dtype(q.dtype());
   p.device = q.device_id();
   p.stream = reinterpret_cast<cudaStream_t>(stream);
@@ -217,12 +242,16 @@ Params size_query(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t nhe
   return p;
 }
 
+// A non-null pointer that says "ALiBi on" to the size queries, which read no pointers.
+const float kAlibiFlag = 0.f;
+
 size_t forward_workspace_size(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t nheads,
                               int64_t nheads_kv, int64_t headdim, const std::string& dtype, bool causal,
-                              int backend, int device, int64_t window_left, int64_t window_right) {
+                              int backend, int device, int64_t window_left, int64_t window_right, bool alibi) {
   auto p = size_query<flashcute::AttentionForwardParams>(batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim,
                                                          dtype, causal, window_left, window_right);
   p.device = device;
+  if (alibi) p.alibi_slopes = &kAlibiFlag;
   size_t bytes = 0;
   raise_on_error(flashcute::attention_forward_workspace_size(p, &bytes, static_cast<flashcute::Backend>(backend)));
   return bytes;
@@ -259,10 +288,12 @@ std::tuple<int, int> forward_tile(int headdim, int seqlen_q, int seqlen_k, bool 
 }
 
 // Query heads the Hopper forward packs per row block (1: none) for a call.
-int forward_packed_heads(int nheads, int nheads_kv, int seqlen_q, int seqlen_k, int headdim, bool causal) {
+int forward_packed_heads(int nheads, int nheads_kv, int seqlen_q, int seqlen_k, int headdim, bool causal,
+                         bool alibi) {
   namespace hopper = flashcute::hopper;
   flashcute::FwdKernelParams p{};
   p.seqlen_q = seqlen_q, p.seqlen_k = seqlen_k, p.nheads = nheads, p.causal = causal;
+  if (alibi) p.alibi_slopes = &kAlibiFlag;
   p.window_left = seqlen_k, p.window_right = causal ? 0 : seqlen_q;  // no window
   p.heads_per_kv = nheads_kv > 0 ? nheads / nheads_kv : 1;
   const hopper::FwdTileSize tile =
@@ -298,18 +329,19 @@ NB_MODULE(_C, m) {
   m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse").none(), nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("backend"),
         nb::arg("stream"), nb::arg("workspace").none() = nb::none(), nb::arg("window_left") = -1,
-        nb::arg("window_right") = -1, nb::arg("softcap") = 0.f,
+        nb::arg("window_right") = -1, nb::arg("softcap") = 0.f, nb::arg("alibi_slopes").none() = nb::none(),
         "Attention forward into out (and lse when given).");
   m.def("forward_workspace_size", &forward_workspace_size, nb::arg("batch"), nb::arg("seqlen_q"),
         nb::arg("seqlen_k"), nb::arg("nheads"), nb::arg("nheads_kv"), nb::arg("headdim"),
         nb::arg("dtype"), nb::arg("causal"), nb::arg("backend"), nb::arg("device"),
-        nb::arg("window_left") = -1, nb::arg("window_right") = -1,
+        nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("alibi") = false,
         "Bytes of the optional device workspace the forward can use (0: none).");
   m.def("backward", &backward, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
         nb::arg("workspace"), nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("deterministic"),
         nb::arg("backend"), nb::arg("stream"), nb::arg("window_left") = -1, nb::arg("window_right") = -1,
-        nb::arg("softcap") = 0.f, "Attention backward into dq, dk, dv.");
+        nb::arg("softcap") = 0.f, nb::arg("alibi_slopes").none() = nb::none(),
+        "Attention backward into dq, dk, dv.");
   m.def("backward_workspace_size", &backward_workspace_size, nb::arg("batch"), nb::arg("seqlen_q"),
         nb::arg("seqlen_k"), nb::arg("nheads"), nb::arg("nheads_kv"), nb::arg("headdim"),
         nb::arg("dtype"), nb::arg("deterministic"), nb::arg("backend"), nb::arg("causal") = false,
@@ -321,7 +353,7 @@ NB_MODULE(_C, m) {
   m.def("_forward_tile", &forward_tile, nb::arg("headdim"), nb::arg("seqlen_q"), nb::arg("seqlen_k"),
         nb::arg("causal"), "Test hook: the Hopper forward's (keys per block, consumers) for a call.");
   m.def("_forward_packed_heads", &forward_packed_heads, nb::arg("nheads"), nb::arg("nheads_kv"),
-        nb::arg("seqlen_q"), nb::arg("seqlen_k"), nb::arg("headdim"), nb::arg("causal"),
+        nb::arg("seqlen_q"), nb::arg("seqlen_k"), nb::arg("headdim"), nb::arg("causal"), nb::arg("alibi") = false,
         "Test hook: query heads the Hopper forward packs into a tile's rows (1: none).");
   m.def("device_capability", &device_capability, nb::arg("device"),
         "Compute capability of a CUDA device as major*10+minor.");

@@ -40,10 +40,11 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
   if constexpr (kCanDeferDq) {
     if (blocks_per_cta >= kDeferDqMinBlocks) kernel = &bwd_kernel<Traits, true>;
   }
-  // Softcap: one variant per head dim (deferred dQ where the head dim always defers).
-  constexpr bool kSoftcapDefersDq = kCanDeferDq && kDeferDqMinBlocks == 0;
-  auto softcap_kernel = &bwd_kernel<Traits, kSoftcapDefersDq, true>;
-  if (p.softcap_in != 0.f) kernel = softcap_kernel;
+  // The score hook (softcap, ALiBi): one variant per head dim (deferred dQ where the head dim
+  // always defers).
+  constexpr bool kHookDefersDq = kCanDeferDq && kDeferDqMinBlocks == 0;
+  auto hooked_kernel = &bwd_kernel<Traits, kHookDefersDq, true>;
+  if (ScoreHook::of(p).active()) kernel = hooked_kernel;
   constexpr int kSmem = Traits::kSmemBytes;
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return cuda_status(err, "cudaGetDevice");
@@ -83,7 +84,7 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
         err = cudaFuncSetAttribute(&bwd_kernel<Traits, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     }
     if (err == cudaSuccess)
-      err = cudaFuncSetAttribute(softcap_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      err = cudaFuncSetAttribute(hooked_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (err != cudaSuccess) return cuda_status(err, "cudaFuncSetAttribute (no sm90a kernel image for this GPU?)");
     if (device < kCachedDevices) prepared[device].store(true, std::memory_order_release);
   }

@@ -103,9 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
     add("--softcap", type=_softcap, default=0.0, metavar="C",
         help="flashcute's tanh soft cap C*tanh(s/C) of the scaled scores (default: 0, off); "
         "it adds no FLOPs to the count. SDPA and fa3 are not timed with it (see --with-dense)")
+    add("--alibi", action="store_true",
+        help="ALiBi for flashcute: the score of query i and key j in head h gains "
+        "-slope_h*|i+sk-sq-j|, slope_h = 2^(-8(h+1)/nheads); it adds no FLOPs to the count. "
+        "SDPA and fa3 are not timed with it (see --with-dense)")
     add("--with-dense", action="store_true",
-        help="with --window or --softcap: also time each problem without them, just before "
-        "it, for every implementation (SDPA and fa3 on these dense lines only), and add "
+        help="with --window, --softcap or --alibi: also time each problem without them, just "
+        "before it, for every implementation (SDPA and fa3 on these dense lines only), and add "
         "'X/dense' columns: flashcute-X's TFLOP/s with the feature over its dense TFLOP/s")
     add("--dtype", choices=grid.DTYPE_CHOICES, default="bf16", help="default: bf16")
     add("--impls", type=_impl_list, default=None,
@@ -158,7 +162,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     grid); for the grid ``hdims``/``seqlens`` are lists of ints (``None`` with
     ``--shape``); ``causals`` is a list of bools, ``impls`` a list of names
     (``None`` meaning "all available"), ``warmup``/``rep`` floats in
-    milliseconds, ``window`` a ``(left, right)`` tuple and ``softcap`` a float.
+    milliseconds, ``window`` a ``(left, right)`` tuple, ``softcap`` a float and ``alibi`` a
+    bool.
     """
     parser = build_parser()
     args = parser.parse_args(_attach_window_values(sys.argv[1:] if argv is None else argv))
@@ -188,9 +193,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")
     args.causals = causal_values(args.causal)
-    if args.with_dense and grid.feature_name(args.window, args.softcap) == "dense":
-        parser.error("--with-dense adds the dense problem beside a --window or --softcap "
-                     "one; give --window or --softcap too")
+    if args.with_dense and grid.feature_name(args.window, args.softcap, args.alibi) == "dense":
+        parser.error("--with-dense adds the dense problem beside a --window, --softcap or "
+                     "--alibi one; give --window, --softcap or --alibi too")
     if not args.shapes:
         try:
             grid.validate_grid(args.hdims, args.seqlens)
@@ -257,10 +262,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not chosen:
         report.print_notes(notes)
         return _fail("no implementation left to benchmark", 1)
-    feature = grid.feature_name(args.window, args.softcap)
+    feature = grid.feature_name(args.window, args.softcap, args.alibi)
     if feature != "dense" and not args.with_dense:
         # No dense line to time them on: no column at all.
-        reasons = {i: impls.feature_skip_reason(i, args.window, args.softcap) for i in chosen}
+        reasons = {i: impls.feature_skip_reason(i, args.window, args.softcap, args.alibi)
+                   for i in chosen}
         for reason in filter(None, reasons.values()):
             notes.add(reason)
         chosen = [i for i in chosen if reasons[i] is None]
@@ -282,15 +288,17 @@ def main(argv: Sequence[str] | None = None) -> int:
           + ("; X/dense: flashcute-X with the feature / without" if args.with_dense else "")
           + ("; '... bwd' columns: the same for the backward" if args.bwd else ""))
     if feature != "dense":
-        print(f"feature: {grid.feature_label(args.window, args.softcap)} (flashcute only); "
-              "FLOPs count only the visible (query, key) pairs, softcap adds none")
+        print(f"feature: {grid.feature_label(args.window, args.softcap, args.alibi)} "
+              "(flashcute only); FLOPs count only the visible (query, key) pairs, softcap and "
+              "ALiBi add none")
     sys.stdout.flush()
 
     if args.shapes:
         configs = grid.build_shapes(args.shapes, args.causals, args.dtype)
     else:
         configs = grid.build_grid(args.hdims, args.seqlens, args.causals, args.dtype)
-    configs = grid.with_feature(configs, args.window, args.softcap, with_dense=args.with_dense)
+    configs = grid.with_feature(configs, args.window, args.softcap, alibi=args.alibi,
+                                with_dense=args.with_dense)
     progress = report.make_progress(len(configs) * len(chosen), enabled=not args.no_progress)
     try:
         with contextlib.closing(progress):
@@ -320,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             title = f"{device_name}, {args.dtype}, forward attention"
             if feature != "dense":
-                title += f", {grid.feature_label(args.window, args.softcap)}"
+                title += f", {grid.feature_label(args.window, args.softcap, args.alibi)}"
             report.plot_results(rows, args.plot, title=title)
         except grid.BenchError as exc:
             return _fail(str(exc), 1)
