@@ -56,24 +56,41 @@ struct ScoreHook {
     return __ldg(alibi_slopes + batch * alibi_batch_stride + head) * alibi_scale;
   }
 
-  CUTE_DEVICE float capped(float raw) const { return softcap_out * fast_tanh(softcap_in * raw); }
+  // Softcap of one raw score, in place; returns its chain factor 1 - tanh².
+  CUTE_DEVICE float cap(float& score) const {
+    const float t = fast_tanh(softcap_in * score);
+    score = softcap_out * t;
+    return 1.f - t * t;
+  }
 
   // scores_rc: a thread's raw scores in (row, col) view, with the coordinates of
   // MaskPolicy::apply (row_base + offsets_rc(r, c).row, col_base + offsets_rc(r, c).col);
   // offset = seqlen_k - seqlen_q (MaskPolicy::offset()), slope = alibi_slope(batch, head).
-  // The distances fold to one conversion per block and immediates.
   template <class Scores, class Offsets>
   CUTE_DEVICE void apply(Scores& scores_rc, Offsets const& offsets_rc, int row_base, int col_base, int offset,
                          float slope) const {
     if (softcap()) apply_softcap(scores_rc);
-    if (alibi()) {
-      const float base = float(row_base + offset - col_base);
+    if (alibi()) add_alibi(scores_rc, offsets_rc, row_base, col_base, offset, slope);
+  }
+
+  // Softcap alone, in place (any view of the fragment).
+  template <class Scores>
+  CUTE_DEVICE void apply_softcap(Scores& scores) const {
+    CUTE_UNROLL
+    for (int i = 0; i < cute::size(scores); ++i) cap(scores(i));
+  }
+
+  // ALiBi's half of apply (the softcap done): the distances fold to one conversion per
+  // block and immediates.
+  template <class Scores, class Offsets>
+  CUTE_DEVICE static void add_alibi(Scores& scores_rc, Offsets const& offsets_rc, int row_base, int col_base,
+                                    int offset, float slope) {
+    const float base = float(row_base + offset - col_base);
+    CUTE_UNROLL
+    for (int r = 0; r < cute::size<0>(scores_rc); ++r) {
       CUTE_UNROLL
-      for (int r = 0; r < cute::size<0>(scores_rc); ++r) {
-        CUTE_UNROLL
-        for (int c = 0; c < cute::size<1>(scores_rc); ++c)
-          scores_rc(r, c) = fmaf(slope, fabsf(base + distance(offsets_rc, r, c)), scores_rc(r, c));
-      }
+      for (int c = 0; c < cute::size<1>(scores_rc); ++c)
+        scores_rc(r, c) = fmaf(slope, fabsf(base + distance(offsets_rc, r, c)), scores_rc(r, c));
     }
   }
 
@@ -106,8 +123,13 @@ struct ScoreHook {
   // live across the dP GEMM; `bias` is the score's ALiBi bias in raw units (0 without ALiBi),
   // which the tanh lies under. A weight of 0 (masked or underflowed) gives factor 0; its dS is
   // 0 whatever the factor. Without softcap (softcap_in == 0) the factor is 1 where p > 0.
-  CUTE_DEVICE float grad_factor(float p, float lse_log2, float inv_scale_log2, float bias = 0.f) const {
+  CUTE_DEVICE float grad_factor(float p, float lse_log2, float inv_scale_log2, float bias) const {
     const float t = fmaf(fast_log2(p) + lse_log2, inv_scale_log2, -bias) * softcap_in;
+    return fmaxf(1.f - t * t, 0.f);
+  }
+  // The same without ALiBi.
+  CUTE_DEVICE float grad_factor(float p, float lse_log2, float inv_scale_log2) const {
+    const float t = (fast_log2(p) + lse_log2) * inv_scale_log2 * softcap_in;
     return fmaxf(1.f - t * t, 0.f);
   }
 
@@ -116,12 +138,6 @@ struct ScoreHook {
   template <class Offsets>
   CUTE_DEVICE static float distance(Offsets const& offsets_rc, int r, int c) {
     return float(cute::get<0>(offsets_rc(r, c)) - cute::get<1>(offsets_rc(r, c)));
-  }
-
-  template <class Scores>
-  CUTE_DEVICE void apply_softcap(Scores& scores) const {
-    CUTE_UNROLL
-    for (int i = 0; i < cute::size(scores); ++i) scores(i) = capped(scores(i));
   }
 };
 

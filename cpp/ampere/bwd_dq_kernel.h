@@ -59,7 +59,7 @@ struct BwdDqTraitsFor {
   using type = BwdDqTraits<Element, kHeadDim, Tile::kM, Tile::kN, Tile::kWarps>;
 };
 
-template <class Traits>
+template <class Traits, bool kAlibi>
 CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
   using namespace cute;
   using Element = typename Traits::Element;
@@ -191,10 +191,12 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
                                                tiled_mma, copy_a, copy_b);
     Tensor acc_s_rc = rowcol_view(acc_s);
     const int col_base = n_block * kBlockN + thread_col;
-    if (ScoreHook::of(params).active()) {  // uniform: softcap and ALiBi, before the mask
+    if constexpr (kAlibi) {
       const ScoreHook hook = ScoreHook::of(params);
       hook.apply(acc_s_rc, score_offsets_rc, thread_row, col_base, MaskPolicy::of(params).offset(),
                  hook.alibi_slope(batch, head));
+    } else if (ScoreHook::of(params).softcap()) {  // uniform
+      ScoreHook::of(params).apply_softcap(acc_s);
     }
     if (range.needs_mask(n_block))  // warp-uniform
       MaskPolicy::of(params).apply(acc_s_rc, score_offsets_rc, thread_row, col_base);
@@ -217,16 +219,21 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
       for (int c = 0; c < size<1>(acc_dp_rc); ++c)
         acc_dp_rc(r, c) = acc_s_rc(r, c) * (acc_dp_rc(r, c) - row_dot[r]);
     }
-    if (ScoreHook::of(params).softcap()) {  // ALiBi's bias alone leaves dS as it is
+    if (ScoreHook::of(params).softcap()) {  // uniform; ALiBi's bias alone leaves dS as it is
       const ScoreHook hook = ScoreHook::of(params);
-      const float slope = hook.alibi_slope(batch, head);
+      const float slope = kAlibi ? hook.alibi_slope(batch, head) : 0.f;
       const float base = float(thread_row + MaskPolicy::of(params).offset() - col_base);
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
         CUTE_UNROLL
-        for (int c = 0; c < size<1>(acc_dp_rc); ++c)
-          acc_dp_rc(r, c) *= hook.grad_factor(acc_s_rc(r, c), lse_log2[r], 1.f / params.scale_log2,
-                                              ScoreHook::alibi_bias(slope, base, score_offsets_rc, r, c));
+        for (int c = 0; c < size<1>(acc_dp_rc); ++c) {
+          const float p = acc_s_rc(r, c), inv_scale_log2 = 1.f / params.scale_log2;
+          if constexpr (kAlibi)
+            acc_dp_rc(r, c) *= hook.grad_factor(p, lse_log2[r], inv_scale_log2,
+                                                ScoreHook::alibi_bias(slope, base, score_offsets_rc, r, c));
+          else
+            acc_dp_rc(r, c) *= hook.grad_factor(p, lse_log2[r], inv_scale_log2);
+        }
       }
     }
 
@@ -270,12 +277,14 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
   }
 }
 
-template <class Element, int kHeadDim>
+// kAlibi: ALiBi compiled in (softcap is a runtime branch either way). Its code as a runtime
+// branch raised hd 64's count from 167 to 203 registers, three CTAs per SM to two.
+template <class Element, int kHeadDim, bool kAlibi = false>
 __global__ void __launch_bounds__(
     BwdDqTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type::kNThreads, 1)
     bwd_dq_kernel(__grid_constant__ const BwdKernelParams params) {
 #if defined(__CUDA_ARCH__)
-  bwd_dq_block<typename BwdDqTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type>(params);
+  bwd_dq_block<typename BwdDqTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type, kAlibi>(params);
 #endif
 }
 

@@ -163,6 +163,10 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   auto thr_copy_p = copy_p.get_thread_slice(tid);
   Tensor tPsP = thr_copy_p.partition_D(make_tensor(make_smem_ptr(smem_p), typename Traits::SmemLayoutP{}));
   Tensor tPsdS = thr_copy_p.partition_D(make_tensor(make_smem_ptr(smem_ds), typename Traits::SmemLayoutP{}));
+  // kGeneral with softcap: this thread's dS slots hold its scores' chain factors (fp16) from S
+  // until dS overwrites them.
+  Tensor tPsFactor = thr_copy_p.partition_D(make_tensor(
+      make_smem_ptr(reinterpret_cast<cutlass::half_t*>(smem_ds)), typename Traits::SmemLayoutP{}));
 
   // Score coordinates: this thread's first element plus compile-time offsets (see mask.h).
   Tensor cS = make_identity_tensor(TileS{});
@@ -234,8 +238,17 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
       if constexpr (kGeneral) {
         if (ScoreHook::of(params).active()) {  // uniform: softcap and ALiBi, before the mask
           const ScoreHook hook = ScoreHook::of(params);
-          hook.apply(acc_s_rc, score_offsets_rc, thread_row, n0 + get<1>(tScS(0)), mask.offset(),
-                     hook.alibi_slope(batch, h));
+          if (hook.softcap()) {
+            // Softcap's chain factor 1 - tanh² waits for P as fp16 where this thread's dS goes
+            // later (the dS buffer is free until then, and no other thread writes there).
+            Tensor factor = make_tensor<cutlass::half_t>(shape(acc_s));
+            CUTE_UNROLL
+            for (int i = 0; i < size(acc_s); ++i) factor(i) = cutlass::half_t(hook.cap(acc_s(i)));
+            copy(copy_p, thr_copy_p.retile_S(factor), tPsFactor);
+          }
+          if (hook.alibi())
+            ScoreHook::add_alibi(acc_s_rc, score_offsets_rc, thread_row, n0 + get<1>(tScS(0)), mask.offset(),
+                                 hook.alibi_slope(batch, h));
         }
       }
       if (range.needs_mask(m, kGeneral))  // warp-uniform: the bulk skips the mask
@@ -247,23 +260,18 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
           acc_s_rc(r, c) = fast_exp2(fmaf(acc_s_rc(r, c), scale_log2, -lse_log2[r]));
       }
 
-      // P goes to shared memory now. dS needs it again after dP = dO·Vᵀ (with softcap, times the
-      // hook's factor): it waits as fp16 pairs, half the registers of fp32 (which spilled at the 255-register cap). P is in
-      // [0, 1], so fp16 keeps it to 2^-11 relative, finer than dS's own rounding to Element.
+      // P goes to shared memory now. dS needs it again after dP = dO·Vᵀ (with softcap, times its
+      // chain factor): it waits as fp16 pairs, half the registers of fp32 (which spilled at the
+      // 255-register cap). P is in [0, 1], so fp16 keeps it to 2^-11 relative, finer than dS's
+      // own rounding to Element.
       copy(copy_p, thr_copy_p.retile_S(convert_fragment<Element>(acc_s)), tPsP);
       if constexpr (kGeneral) {
-        // dS takes the hook's chain factor with P: the fp16 copy below holds P times it (a
-        // factor of 1 without softcap, where softcap_in is 0; no branch, for registers). The
-        // tanh lies under ALiBi's bias (a slope of 0 without ALiBi).
-        const ScoreHook hook = ScoreHook::of(params);
-        const float slope = hook.alibi_slope(batch, h);
-        const float base = float(thread_row + mask.offset() - (n0 + get<1>(tScS(0))));
-        CUTE_UNROLL
-        for (int r = 0; r < kRows; ++r) {
+        // dS takes softcap's chain factor with P: the fp16 copy below holds P times it.
+        if (ScoreHook::of(params).softcap()) {  // uniform
+          Tensor factor = make_tensor<cutlass::half_t>(shape(acc_s));
+          copy(tPsFactor, thr_copy_p.retile_S(factor));
           CUTE_UNROLL
-          for (int c = 0; c < size<1>(acc_s_rc); ++c)
-            acc_s_rc(r, c) *= hook.grad_factor(acc_s_rc(r, c), lse_log2[r], 1.f / scale_log2,
-                                               ScoreHook::alibi_bias(slope, base, score_offsets_rc, r, c));
+          for (int i = 0; i < size(acc_s); ++i) acc_s(i) *= float(factor(i));
         }
       }
       Tensor p_half = convert_fragment<cutlass::half_t>(acc_s);

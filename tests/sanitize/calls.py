@@ -6,7 +6,8 @@ FAMILY is one of ampere-fwd, hopper-fwd, ampere-bwd, ampere-bwd-deterministic, h
 The backward families take out and lse from a forward on the given path (``--forward-from``,
 default: the same path), so that a report can be told apart from the forward's own writes.
 Shapes: bf16 and fp16, head dims 64 and 128, GQA 2:1, causal and not, each without and with
-a sliding window and softcap, odd lengths with seqlen_q != seqlen_k.
+a sliding window and softcap, and with both and ALiBi ((batch, nheads) slopes), odd lengths
+with seqlen_q != seqlen_k.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import flashcute
 
 FAMILIES = ("ampere-fwd", "hopper-fwd", "ampere-bwd", "ampere-bwd-deterministic", "hopper-bwd")
 SHAPES = ((1, 129, 129), (2, 333, 129), (1, 65, 333))  # (batch, seqlen_q, seqlen_k)
-MASKS = ({}, {"window": (40, 17), "softcap": 20.0})  # dense, and both features
+# Dense, both mask features, and both with ALiBi (its slopes are made per call).
+MASKS = ({}, {"window": (40, 17), "softcap": 20.0}, {"window": (40, 17), "softcap": 20.0, "alibi": True})
 
 
 def _calls(family: str, forward_from: str | None) -> int:
@@ -41,6 +43,9 @@ def _calls(family: str, forward_from: str | None) -> int:
                                            generator=gen)
 
                     q, k, v = rand(seqlen_q, 4), rand(seqlen_k, 2), rand(seqlen_k, 2)
+                    mask = dict(mask)
+                    if mask.pop("alibi", False):
+                        mask["alibi_slopes"] = torch.rand(batch, 4, device="cuda", generator=gen)
                     if "fwd" in family:
                         flashcute.attention(q, k, v, causal=causal, return_lse=True, backend=path, **mask)
                     else:
