@@ -13,8 +13,9 @@
 //
 // Off (softcap_in == 0, no slopes), the hook costs the forwards one uniform branch per block;
 // the backwards, at their register limits, compile it in only where a template switch asks for
-// it (hopper/bwd_kernel.h, ampere/bwd_kernel.h). The slope is read inside that branch (an L1
-// hit after the first block), so no register holds it where the hook is off.
+// it (hopper/bwd_kernel.h, ampere/bwd_kernel.h, ampere/bwd_dq_kernel.h). The slope is read
+// where it is used (an L1 hit after the first block), so no register holds it where the hook
+// is off.
 #pragma once
 
 #include <cstdint>

@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
 
 import flashcute  # noqa: E402
-from flashcute import _build_info, _torch_direct, _validate, _validate_backward  # noqa: E402
+from flashcute import _build_info, _validate, _validate_backward  # noqa: E402
 from flashcute.bench import (  # noqa: E402
     BenchConfig, BenchRow, alibi_slopes, feature_name, feature_skip_reason, parse_args,
     with_feature,

@@ -16,8 +16,9 @@
 // Query blocks on the mask's edges (causal diagonal, window sides, seqlen_k tail; mask.h) apply
 // the mask; the rest skip it with one warp-uniform branch. Without kGeneral, the mask has no left
 // side (dense, causal, a window's right side); with it, also the left side, and the score hook
-// (softcap, ALiBi) runs on S (score_hook.h) with its chain factor on dS. (The loop body is written out, not a lambda: a
-// lambda too large to inline would put the by-reference accumulators in local memory.)
+// (softcap, ALiBi) runs on S (score_hook.h) with softcap's chain factor on dS. (The loop body is
+// written out, not a lambda: a lambda too large to inline would put the by-reference
+// accumulators in local memory.)
 #pragma once
 
 #include <cute/tensor.hpp>
