@@ -191,20 +191,28 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
                                                tiled_mma, copy_a, copy_b);
     Tensor acc_s_rc = rowcol_view(acc_s);
     const int col_base = n_block * kBlockN + thread_col;
-    if constexpr (kAlibi) {
-      const ScoreHook hook = ScoreHook::of(params);
-      hook.apply(acc_s_rc, score_offsets_rc, thread_row, col_base, MaskPolicy::of(params).offset(),
-                 hook.alibi_slope(batch, head));
-    } else if (ScoreHook::of(params).softcap()) {  // uniform
-      ScoreHook::of(params).apply_softcap(acc_s);
-    }
+    if (ScoreHook::of(params).softcap()) ScoreHook::of(params).apply_softcap(acc_s);  // uniform
     if (range.needs_mask(n_block))  // warp-uniform
       MaskPolicy::of(params).apply(acc_s_rc, score_offsets_rc, thread_row, col_base);
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
+    if constexpr (kAlibi) {
+      // ALiBi's bias after the mask (a masked -inf stays -inf), in log2 units inside exp2's FMA.
+      const float slope_log2 = ScoreHook::of(params).alibi_slope(batch, head) * scale_log2;
+      const float base = float(thread_row + MaskPolicy::of(params).offset() - col_base);
       CUTE_UNROLL
-      for (int c = 0; c < size<1>(acc_s_rc); ++c)
-        acc_s_rc(r, c) = fast_exp2(fmaf(acc_s_rc(r, c), scale_log2, -lse_log2[r]));
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(acc_s_rc); ++c) {
+          const float bias_log2 = ScoreHook::alibi_bias(slope_log2, base, score_offsets_rc, r, c);
+          acc_s_rc(r, c) = fast_exp2(fmaf(acc_s_rc(r, c), scale_log2, bias_log2 - lse_log2[r]));
+        }
+      }
+    } else {
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(acc_s_rc); ++c)
+          acc_s_rc(r, c) = fast_exp2(fmaf(acc_s_rc(r, c), scale_log2, -lse_log2[r]));
+      }
     }
 
     Tensor acc_dp = partition_fragment_C(tiled_mma, TileS{});
@@ -278,7 +286,8 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
 }
 
 // kAlibi: ALiBi compiled in (softcap is a runtime branch either way). Its code as a runtime
-// branch raised hd 64's count from 167 to 203 registers, three CTAs per SM to two.
+// branch raised hd 64's count from 167 to 203 registers, three CTAs per SM to two; its bias
+// rides in exp2's FMA rather than in a pass of its own, which spilled at hd 256.
 template <class Element, int kHeadDim, bool kAlibi = false>
 __global__ void __launch_bounds__(
     BwdDqTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type::kNThreads, 1)

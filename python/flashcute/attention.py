@@ -131,8 +131,8 @@ def attention(
             ``softcap / softmax_scale`` must be finite and ``softmax_scale / softcap`` a
             normal number in float32.
         alibi_slopes: ALiBi (FlashAttention's convention): a float32 tensor of shape
-            (nheads,) or (batch, nheads) on q's device, of q's framework, with unit stride
-            over heads. The score of query ``i`` and key ``j`` in head ``h`` (of batch ``b``)
+            (nheads,) or (batch, nheads) on q's device (a torch.Tensor for torch inputs), with
+            unit stride over heads. The score of query ``i`` and key ``j`` in head ``h`` (of batch ``b``)
             gains ``-slope[b, h] * |i + seqlen_k - seqlen_q - j|`` after the softcap and
             before the mask. None (default): no bias. The slopes are not differentiated.
         return_lse: also return the float32 (batch, nheads, seqlen_q) natural-log
