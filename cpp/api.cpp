@@ -1,4 +1,5 @@
 // Public entry points: argument checks, device selection and dispatch to a compiled kernel.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -17,16 +18,63 @@
 
 namespace flashcute {
 
+namespace {
+
+// The smallest compiled head dim at least `headdim` among one family's kernels.
+struct SmallestAtLeast {
+  Backend backend;
+  DType dtype;
+  int headdim;
+  int best = 0;
+  void consider(Backend b, DType d, int kernel_headdim) {
+    if (b == backend && d == dtype && kernel_headdim >= headdim && (best == 0 || kernel_headdim < best))
+      best = kernel_headdim;
+  }
+};
+
+// Kernels read and write whole 16-byte chunks of a row where they round the head dim up.
+bool roundable(int headdim) { return headdim > 0 && headdim % 8 == 0; }
+
+// A call's head dim as the kernel lookups take it; one too large for them becomes 0 (none).
+int lookup_headdim(int64_t headdim) { return headdim > 4096 ? 0 : static_cast<int>(headdim); }
+
+}  // namespace
+
+int fwd_kernel_headdim(Backend backend, DType dtype, int headdim) {
+  if (!roundable(headdim)) return 0;
+  SmallestAtLeast pick{backend, dtype, headdim};
+#define FLASHCUTE_CONSIDER_AMPERE_FWD(name, dtype_enum, hd) pick.consider(Backend::kAmpere, DType::dtype_enum, hd);
+  FLASHCUTE_FOR_EACH_AMPERE_FWD(FLASHCUTE_CONSIDER_AMPERE_FWD)
+#undef FLASHCUTE_CONSIDER_AMPERE_FWD
+#define FLASHCUTE_CONSIDER_HOPPER_FWD(name, dtype_enum, hd) pick.consider(Backend::kHopper, DType::dtype_enum, hd);
+  FLASHCUTE_FOR_EACH_HOPPER_FWD(FLASHCUTE_CONSIDER_HOPPER_FWD)
+#undef FLASHCUTE_CONSIDER_HOPPER_FWD
+  return pick.best;
+}
+
+int bwd_kernel_headdim(Backend backend, DType dtype, int headdim) {
+  if (!roundable(headdim)) return 0;
+  SmallestAtLeast pick{backend, dtype, headdim};
+#define FLASHCUTE_CONSIDER_AMPERE_BWD(name, dtype_enum, hd) pick.consider(Backend::kAmpere, DType::dtype_enum, hd);
+  FLASHCUTE_FOR_EACH_AMPERE_BWD(FLASHCUTE_CONSIDER_AMPERE_BWD)
+#undef FLASHCUTE_CONSIDER_AMPERE_BWD
+#define FLASHCUTE_CONSIDER_HOPPER_BWD(name, dtype_enum, hd) pick.consider(Backend::kHopper, DType::dtype_enum, hd);
+  FLASHCUTE_FOR_EACH_HOPPER_BWD(FLASHCUTE_CONSIDER_HOPPER_BWD)
+#undef FLASHCUTE_CONSIDER_HOPPER_BWD
+  return pick.best;
+}
+
 FwdLauncher find_fwd_launcher(Backend backend, DType dtype, int headdim) {
+  const int kernel_headdim = fwd_kernel_headdim(backend, dtype, headdim);
   if (backend == Backend::kAmpere) {
 #define FLASHCUTE_MATCH_AMPERE_FWD(name, dtype_enum, hd) \
-  if (dtype == DType::dtype_enum && headdim == hd) return &ampere::fwd_##name##_hd##hd;
+  if (dtype == DType::dtype_enum && kernel_headdim == hd) return &ampere::fwd_##name##_hd##hd;
     FLASHCUTE_FOR_EACH_AMPERE_FWD(FLASHCUTE_MATCH_AMPERE_FWD)
 #undef FLASHCUTE_MATCH_AMPERE_FWD
   }
   if (backend == Backend::kHopper) {
 #define FLASHCUTE_MATCH_HOPPER_FWD(name, dtype_enum, hd) \
-  if (dtype == DType::dtype_enum && headdim == hd) return &hopper::fwd_##name##_hd##hd;
+  if (dtype == DType::dtype_enum && kernel_headdim == hd) return &hopper::fwd_##name##_hd##hd;
     FLASHCUTE_FOR_EACH_HOPPER_FWD(FLASHCUTE_MATCH_HOPPER_FWD)
 #undef FLASHCUTE_MATCH_HOPPER_FWD
   }
@@ -34,15 +82,16 @@ FwdLauncher find_fwd_launcher(Backend backend, DType dtype, int headdim) {
 }
 
 BwdLauncher find_bwd_launcher(Backend backend, DType dtype, int headdim) {
+  const int kernel_headdim = bwd_kernel_headdim(backend, dtype, headdim);
   if (backend == Backend::kAmpere) {
 #define FLASHCUTE_MATCH_AMPERE_BWD(name, dtype_enum, hd) \
-  if (dtype == DType::dtype_enum && headdim == hd) return &ampere::bwd_##name##_hd##hd;
+  if (dtype == DType::dtype_enum && kernel_headdim == hd) return &ampere::bwd_##name##_hd##hd;
     FLASHCUTE_FOR_EACH_AMPERE_BWD(FLASHCUTE_MATCH_AMPERE_BWD)
 #undef FLASHCUTE_MATCH_AMPERE_BWD
   }
   if (backend == Backend::kHopper) {
 #define FLASHCUTE_MATCH_HOPPER_BWD(name, dtype_enum, hd) \
-  if (dtype == DType::dtype_enum && headdim == hd) return &hopper::bwd_##name##_hd##hd;
+  if (dtype == DType::dtype_enum && kernel_headdim == hd) return &hopper::bwd_##name##_hd##hd;
     FLASHCUTE_FOR_EACH_HOPPER_BWD(FLASHCUTE_MATCH_HOPPER_BWD)
 #undef FLASHCUTE_MATCH_HOPPER_BWD
   }
@@ -56,10 +105,61 @@ const char* backend_name(Backend backend) { return backend == Backend::kHopper ?
 
 Status invalid(const char* msg) { return make_status(StatusCode::kInvalidArgument, "%s", msg); }
 
+// Whether the call has variable-length sequences (seq_view.h): packed rows or used key prefixes.
+template <class Params>
+bool varlen(const Params& p) {
+  return p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr || p.seqused_k != nullptr;
+}
+
+// The sizes of a variable-length call (the offsets themselves are device data, not read here):
+// at least one sequence, and packed row counts whose offsets, plus a tile's overhang past the
+// longest sequence, fit the kernels' 32-bit row indices.
+template <class Params>
+Status check_varlen(const Params& p) {
+  if (!varlen(p)) return Status{};
+  if (p.batch < 1)
+    return make_status(StatusCode::kInvalidArgument,
+                       "batch: expected at least 1 sequence with cu_seqlens_q, cu_seqlens_k or seqused_k, "
+                       "got %lld",
+                       static_cast<long long>(p.batch));
+  constexpr int64_t kMaxRows = std::numeric_limits<int32_t>::max() - 256;
+  const struct {
+    const char* name;
+    const int32_t* cu_seqlens;
+    int64_t total, max_seqlen;
+  } sides[] = {{"total_q", p.cu_seqlens_q, p.total_q, p.seqlen_q}, {"total_k", p.cu_seqlens_k, p.total_k, p.seqlen_k}};
+  for (const auto& side : sides) {
+    if (side.cu_seqlens == nullptr) continue;
+    if (side.total < 0)
+      return make_status(StatusCode::kInvalidArgument, "%s: expected the packed tensors' rows (>= 0), got %lld",
+                         side.name, static_cast<long long>(side.total));
+    if (side.total > kMaxRows - side.max_seqlen)
+      return make_status(StatusCode::kInvalidArgument,
+                         "%s: %lld rows plus the longest sequence (%lld) must fit in 32 bits",
+                         side.name, static_cast<long long>(side.total), static_cast<long long>(side.max_seqlen));
+  }
+  return Status{};
+}
+
+// The params a variable-length call runs with: the longest sequence of a packed side can be no
+// longer than its rows (seq_view.h clamps every range to them), which bounds the grid and the
+// backward's workspace rows without changing any result.
+template <class Params>
+Params bounded(Params p) {
+  if (p.cu_seqlens_q != nullptr) p.seqlen_q = std::min(p.seqlen_q, std::max<int64_t>(p.total_q, 0));
+  if (p.cu_seqlens_k != nullptr) p.seqlen_k = std::min(p.seqlen_k, std::max<int64_t>(p.total_k, 0));
+  return p;
+}
+
 // Sizes, dtype, scale, window, softcap and ALiBi's stride: the checks the forward and the
 // backward share (also for workspace-size queries, which pass no pointers).
 template <class Params>
 Status check_problem(const Params& p) {
+  if (varlen(p) && (p.seqlen_q < 0 || p.seqlen_k < 0))
+    return make_status(StatusCode::kInvalidArgument,
+                       "seqlen_q, seqlen_k: expected the longest sequences' lengths (max_seqlen_q, "
+                       "max_seqlen_k, >= 0), got %lld and %lld",
+                       static_cast<long long>(p.seqlen_q), static_cast<long long>(p.seqlen_k));
   if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.nheads < 0 || p.nheads_kv < 0 || p.headdim <= 0)
     return invalid("sizes must be non-negative and headdim positive");
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16)
@@ -79,6 +179,7 @@ Status check_problem(const Params& p) {
     return make_status(StatusCode::kNotSupported, "batch and nheads must be at most %lld", kMaxGrid);
   if (p.seqlen_q + p.seqlen_k > kMaxInt - 256)
     return invalid("seqlen_q + seqlen_k must fit in 32 bits");
+  if (Status s = check_varlen(p); !s.ok()) return s;
   if (p.window_left < -1) return invalid("window_left: expected -1 (unbounded) or a value >= 0");
   if (p.window_right < -1) return invalid("window_right: expected -1 (unbounded) or a value >= 0");
   // The score hook runs softcap / softmax_scale and its inverse in float32.
@@ -115,6 +216,22 @@ Status check_alibi(const Params& p) {
   return Status{};
 }
 
+// A packed side (cu_seqlens) is one (1, total, heads, headdim) tensor whose batch stride is
+// ignored; a batched side is (batch, seqlen, heads, headdim).
+struct Rows {
+  int64_t batch, rows;
+  bool packed;
+  int64_t batch_stride(int64_t given) const { return packed ? 0 : given; }
+};
+template <class Params>
+Rows q_rows(const Params& p) {
+  return p.cu_seqlens_q != nullptr ? Rows{1, p.total_q, true} : Rows{p.batch, p.seqlen_q, false};
+}
+template <class Params>
+Rows k_rows(const Params& p) {
+  return p.cu_seqlens_k != nullptr ? Rows{1, p.total_k, true} : Rows{p.batch, p.seqlen_k, false};
+}
+
 Status check_forward(const AttentionForwardParams& p) {
   if (Status s = check_problem(p); !s.ok()) return s;
   const bool empty = p.batch == 0 || p.seqlen_q == 0 || p.nheads == 0;
@@ -123,19 +240,21 @@ Status check_forward(const AttentionForwardParams& p) {
     return invalid("q, k, v and out must not be null");
   if (Status s = check_alibi(p); !s.ok()) return s;
   const bool has_k = p.seqlen_k > 0;
+  const Rows qr = q_rows(p), kr = k_rows(p);
   const Operand inputs[] = {
-      tensor4("q", p.q, p.batch, p.seqlen_q, p.nheads, p.headdim, p.q_batch_stride, p.q_row_stride,
+      tensor4("q", p.q, qr.batch, qr.rows, p.nheads, p.headdim, qr.batch_stride(p.q_batch_stride), p.q_row_stride,
               p.q_head_stride, 2),
-      tensor4("k", p.k, p.batch, p.seqlen_k, p.nheads_kv, p.headdim, p.k_batch_stride, p.k_row_stride,
-              p.k_head_stride, 2, has_k),
-      tensor4("v", p.v, p.batch, p.seqlen_k, p.nheads_kv, p.headdim, p.v_batch_stride, p.v_row_stride,
-              p.v_head_stride, 2, has_k),
+      tensor4("k", p.k, kr.batch, kr.rows, p.nheads_kv, p.headdim, kr.batch_stride(p.k_batch_stride),
+              p.k_row_stride, p.k_head_stride, 2, has_k),
+      tensor4("v", p.v, kr.batch, kr.rows, p.nheads_kv, p.headdim, kr.batch_stride(p.v_batch_stride),
+              p.v_row_stride, p.v_head_stride, 2, has_k),
       alibi_operand(p),
   };
   const Operand outputs[] = {
-      tensor4("out", p.out, p.batch, p.seqlen_q, p.nheads, p.headdim, p.out_batch_stride, p.out_row_stride,
-              p.out_head_stride, 2),
-      lse_tensor("lse", p.lse, p.batch, p.nheads, p.seqlen_q, p.lse_batch_stride, p.lse_head_stride),
+      tensor4("out", p.out, qr.batch, qr.rows, p.nheads, p.headdim, qr.batch_stride(p.out_batch_stride),
+              p.out_row_stride, p.out_head_stride, 2),
+      lse_tensor("lse", p.lse, qr.batch, p.nheads, qr.rows, qr.batch_stride(p.lse_batch_stride),
+                 p.lse_head_stride),
       bytes_buffer("workspace", p.workspace, p.workspace_bytes),
   };
   for (const Operand& o : inputs)  // the slopes are read as single floats
@@ -170,6 +289,16 @@ void set_mask_and_hook(Kernel& k, const Params& p) {
   k.alibi_scale = -1.f / p.softmax_scale;
 }
 
+// The sequence view's fields (seq_view.h); the packed row counts only with their offsets.
+template <class Kernel, class Params>
+void set_varlen(Kernel& k, const Params& p) {
+  k.cu_seqlens_q = p.cu_seqlens_q;
+  k.cu_seqlens_k = p.cu_seqlens_k;
+  k.seqused_k = p.seqused_k;
+  k.total_q = p.cu_seqlens_q != nullptr ? static_cast<int>(p.total_q) : 0;
+  k.total_k = p.cu_seqlens_k != nullptr ? static_cast<int>(p.total_k) : 0;
+}
+
 FwdKernelParams kernel_params(const AttentionForwardParams& p) {
   FwdKernelParams k{};
   k.q = p.q, k.k = p.k, k.v = p.v, k.out = p.out, k.lse = p.lse;
@@ -179,27 +308,35 @@ FwdKernelParams kernel_params(const AttentionForwardParams& p) {
   k.out_batch_stride = p.out_batch_stride, k.out_row_stride = p.out_row_stride;
   k.out_head_stride = p.out_head_stride;
   k.lse_batch_stride = p.lse_batch_stride, k.lse_head_stride = p.lse_head_stride;
+  if (p.cu_seqlens_q != nullptr) k.q_batch_stride = k.out_batch_stride = k.lse_batch_stride = 0;
+  if (p.cu_seqlens_k != nullptr) k.k_batch_stride = k.v_batch_stride = 0;
   k.batch = static_cast<int>(p.batch);
   k.seqlen_q = static_cast<int>(p.seqlen_q);
   k.seqlen_k = static_cast<int>(p.seqlen_k);
   k.nheads = static_cast<int>(p.nheads);
   k.heads_per_kv = static_cast<int>(p.nheads / p.nheads_kv);
+  k.headdim = static_cast<int>(p.headdim);
   k.softmax_scale = p.softmax_scale;
   k.scale_log2 = p.softmax_scale * 1.4426950408889634f;
   k.causal = p.causal;
   set_mask_and_hook(k, p);
-  k.workspace = p.workspace;
-  k.workspace_bytes = p.workspace == nullptr ? 0 : p.workspace_bytes;
+  set_varlen(k, p);
+  // Variable-length calls never split (their tiles' work differs per sequence).
+  k.workspace = varlen(p) ? nullptr : p.workspace;
+  k.workspace_bytes = k.workspace == nullptr ? 0 : p.workspace_bytes;
   return k;
 }
 
 // The backward's workspace for the path that runs it (bwd_workspace.h): both paths add dQ
-// into an fp32 accumulator, except the Ampere path's deterministic design.
+// into an fp32 accumulator, except the Ampere path's deterministic design. Its rows are as
+// wide as the kernel's head dim (the call's rounded up).
 BwdWorkspace workspace_layout(const AttentionBackwardParams& p, Backend resolved) {
   const bool hopper = resolved == Backend::kHopper;
-  return bwd_workspace(p.batch, p.nheads, p.nheads_kv, p.seqlen_q, p.seqlen_k, p.headdim,
+  const int kernel_headdim = bwd_kernel_headdim(resolved, p.dtype, lookup_headdim(p.headdim));
+  return bwd_workspace(p.batch, p.nheads, p.nheads_kv, p.seqlen_q, p.seqlen_k,
+                       kernel_headdim > 0 ? kernel_headdim : p.headdim,
                        /*lse_log2=*/hopper, /*dq_accum=*/hopper || !p.deterministic, /*dq_ready=*/hopper,
-                       /*tail_split=*/hopper && hopper_bwd_tail_split(requests_band(p)));
+                       /*tail_split=*/hopper && !varlen(p) && hopper_bwd_tail_split(requests_band(p)));
 }
 
 Status check_backward(const AttentionBackwardParams& p) {
@@ -211,27 +348,29 @@ Status check_backward(const AttentionBackwardParams& p) {
       (has_k && (p.k == nullptr || p.v == nullptr || p.dk == nullptr || p.dv == nullptr)))
     return invalid("dout, q, k, v, out, lse, dq, dk and dv must not be null");
   if (Status s = check_alibi(p); !s.ok()) return s;
+  const Rows qr = q_rows(p), kr = k_rows(p);
+  auto q_like = [&](const char* name, const void* ptr, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
+    return tensor4(name, ptr, qr.batch, qr.rows, p.nheads, p.headdim, qr.batch_stride(batch_stride), row_stride,
+                   head_stride, 2, has_q);
+  };
+  auto k_like = [&](const char* name, const void* ptr, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
+    return tensor4(name, ptr, kr.batch, kr.rows, p.nheads_kv, p.headdim, kr.batch_stride(batch_stride), row_stride,
+                   head_stride, 2, has_k);
+  };
   const Operand inputs[] = {
-      tensor4("dout", p.dout, p.batch, p.seqlen_q, p.nheads, p.headdim, p.dout_batch_stride, p.dout_row_stride,
-              p.dout_head_stride, 2, has_q),
-      tensor4("q", p.q, p.batch, p.seqlen_q, p.nheads, p.headdim, p.q_batch_stride, p.q_row_stride,
-              p.q_head_stride, 2, has_q),
-      tensor4("k", p.k, p.batch, p.seqlen_k, p.nheads_kv, p.headdim, p.k_batch_stride, p.k_row_stride,
-              p.k_head_stride, 2, has_k),
-      tensor4("v", p.v, p.batch, p.seqlen_k, p.nheads_kv, p.headdim, p.v_batch_stride, p.v_row_stride,
-              p.v_head_stride, 2, has_k),
-      tensor4("out", p.out, p.batch, p.seqlen_q, p.nheads, p.headdim, p.out_batch_stride, p.out_row_stride,
-              p.out_head_stride, 2, has_q),
-      lse_tensor("lse", p.lse, p.batch, p.nheads, p.seqlen_q, p.lse_batch_stride, p.lse_head_stride, has_q),
+      q_like("dout", p.dout, p.dout_batch_stride, p.dout_row_stride, p.dout_head_stride),
+      q_like("q", p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
+      k_like("k", p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
+      k_like("v", p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride),
+      q_like("out", p.out, p.out_batch_stride, p.out_row_stride, p.out_head_stride),
+      lse_tensor("lse", p.lse, qr.batch, p.nheads, qr.rows, qr.batch_stride(p.lse_batch_stride), p.lse_head_stride,
+                 has_q),
       alibi_operand(p),
   };
   const Operand outputs[] = {
-      tensor4("dq", p.dq, p.batch, p.seqlen_q, p.nheads, p.headdim, p.dq_batch_stride, p.dq_row_stride,
-              p.dq_head_stride, 2, has_q),
-      tensor4("dk", p.dk, p.batch, p.seqlen_k, p.nheads_kv, p.headdim, p.dk_batch_stride, p.dk_row_stride,
-              p.dk_head_stride, 2, has_k),
-      tensor4("dv", p.dv, p.batch, p.seqlen_k, p.nheads_kv, p.headdim, p.dv_batch_stride, p.dv_row_stride,
-              p.dv_head_stride, 2, has_k),
+      q_like("dq", p.dq, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride),
+      k_like("dk", p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride),
+      k_like("dv", p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride),
       bytes_buffer("workspace", p.workspace, p.workspace_bytes),
   };
   for (const Operand& o : inputs)  // lse and the slopes are read as single floats
@@ -282,6 +421,10 @@ BwdKernelParams kernel_params(const AttentionBackwardParams& p, Backend resolved
   k.dk_batch_stride = p.dk_batch_stride, k.dk_row_stride = p.dk_row_stride, k.dk_head_stride = p.dk_head_stride;
   k.dv_batch_stride = p.dv_batch_stride, k.dv_row_stride = p.dv_row_stride, k.dv_head_stride = p.dv_head_stride;
   k.lse_batch_stride = p.lse_batch_stride, k.lse_head_stride = p.lse_head_stride;
+  if (p.cu_seqlens_q != nullptr)
+    k.q_batch_stride = k.out_batch_stride = k.dout_batch_stride = k.dq_batch_stride = k.lse_batch_stride = 0;
+  if (p.cu_seqlens_k != nullptr) k.k_batch_stride = k.v_batch_stride = k.dk_batch_stride = k.dv_batch_stride = 0;
+  set_varlen(k, p);
   k.batch = static_cast<int>(p.batch);
   k.seqlen_q = static_cast<int>(p.seqlen_q);
   k.seqlen_k = static_cast<int>(p.seqlen_k);
@@ -347,20 +490,25 @@ Backend default_backend(int capability) {
 
 namespace {
 
-// The backend that runs the request on this device: kAuto takes the device's default backend,
-// or the Ampere path where that has no kernel for (dtype, headdim); a deterministic backward
-// takes the Ampere path (the Hopper path adds dQ with atomics).
-template <class Params, class Launcher>
-Status resolve_backend(const Params& params, Backend backend, Launcher (*find)(Backend, DType, int),
+// The backend that runs the request on this device. kAuto takes the device's default backend,
+// or the Ampere path where the default has no kernel for (dtype, headdim) or where only the
+// Ampere path has one of exactly this head dim (the Hopper path would round it up); a
+// deterministic backward takes the Ampere path (the Hopper path adds dQ with atomics).
+template <class Params>
+Status resolve_backend(const Params& params, Backend backend, int (*kernel_headdim)(Backend, DType, int),
                        int capability, Backend* resolved) {
   constexpr bool kBackward = std::is_same_v<Params, AttentionBackwardParams>;
-  const int headdim = static_cast<int>(params.headdim);
+  const int headdim = lookup_headdim(params.headdim);
   bool deterministic = false;
   if constexpr (kBackward) deterministic = params.deterministic;
   if (backend == Backend::kAuto) {
     backend = default_backend(capability);
-    if (backend == Backend::kHopper && (deterministic || find(backend, params.dtype, headdim) == nullptr))
-      backend = Backend::kAmpere;
+    if (backend == Backend::kHopper) {
+      const int hopper = kernel_headdim(Backend::kHopper, params.dtype, headdim);
+      if (deterministic || hopper == 0 ||
+          (hopper != headdim && kernel_headdim(Backend::kAmpere, params.dtype, headdim) == headdim))
+        backend = Backend::kAmpere;
+    }
   }
   if (backend == Backend::kHopper && deterministic)
     return make_status(StatusCode::kNotSupported,
@@ -373,11 +521,12 @@ Status resolve_backend(const Params& params, Backend backend, Launcher (*find)(B
 // The launcher for the request on this device (see resolve_backend).
 template <class Params, class Launcher>
 Status find_launcher(const Params& params, Backend backend, Launcher (*find)(Backend, DType, int),
-                     const char* pass, Launcher* launcher, Backend* resolved) {
+                     int (*kernel_headdim)(Backend, DType, int), const char* pass, Launcher* launcher,
+                     Backend* resolved) {
   int capability = 0;
   if (Status s = device_capability(params.device, &capability); !s.ok()) return s;
-  const int headdim = static_cast<int>(params.headdim);
-  if (Status s = resolve_backend(params, backend, find, capability, &backend); !s.ok()) return s;
+  const int headdim = lookup_headdim(params.headdim);
+  if (Status s = resolve_backend(params, backend, kernel_headdim, capability, &backend); !s.ok()) return s;
   if (backend == Backend::kAmpere && capability < 80)
     return make_status(StatusCode::kNotSupported,
                        "the ampere path needs compute capability 8.0 or newer, the device has %d.%d",
@@ -395,73 +544,84 @@ Status find_launcher(const Params& params, Backend backend, Launcher (*find)(Bac
                         : hopper                                       ? FLASHCUTE_HOPPER_HEAD_DIMS
                                                                        : FLASHCUTE_AMPERE_HEAD_DIMS;
     return make_status(StatusCode::kNotSupported,
-                       "%s path: no %s kernel for headdim %d and %s in this build (head dims "
-                       "built: [%s])",
-                       backend_name(backend), pass, headdim, dtype_name(params.dtype), built);
+                       "%s path: no %s kernel for headdim %lld and %s in this build (head dims "
+                       "built: [%s]; a multiple of 8 runs on the smallest one at least as large)",
+                       backend_name(backend), pass, static_cast<long long>(params.headdim),
+                       dtype_name(params.dtype), built);
   }
   return Status{};
 }
 
 }  // namespace
 
-Status attention_forward(const AttentionForwardParams& params, Backend backend) {
+Status attention_forward(const AttentionForwardParams& given, Backend backend) {
+  const AttentionForwardParams params = bounded(given);
   if (Status s = check_forward(params); !s.ok()) return s;
   if (params.batch == 0 || params.seqlen_q == 0 || params.nheads == 0) return Status{};
   FwdLauncher launch = nullptr;
   Backend resolved = backend;
-  if (Status s = find_launcher(params, backend, &find_fwd_launcher, "forward", &launch, &resolved); !s.ok())
+  if (Status s = find_launcher(params, backend, &find_fwd_launcher, &fwd_kernel_headdim, "forward", &launch,
+                               &resolved); !s.ok())
     return s;
   DeviceGuard guard(params.device);
   if (!guard.status().ok()) return guard.status();
   return launch(kernel_params(params), params.stream);
 }
 
-Status attention_forward_workspace_size(const AttentionForwardParams& params, size_t* bytes, Backend backend) {
+Status attention_forward_workspace_size(const AttentionForwardParams& given, size_t* bytes, Backend backend) {
   if (bytes == nullptr) return invalid("bytes must not be null");
   *bytes = 0;
+  const AttentionForwardParams params = bounded(given);
   if (Status s = check_problem(params); !s.ok()) return s;
   if (params.batch == 0 || params.seqlen_q == 0 || params.nheads == 0) return Status{};  // launches nothing
+  if (varlen(params)) return Status{};  // variable-length calls never split
   // Only the Hopper path splits its last wave, and only on a device that runs it.
   int capability = 0;
   if (backend == Backend::kAmpere || !device_capability(params.device, &capability).ok()) return Status{};
   Backend resolved = backend;
-  if (Status s = resolve_backend(params, backend, &find_fwd_launcher, capability, &resolved); !s.ok()) return s;
-  if (resolved != Backend::kHopper || capability != 90 ||
-      find_fwd_launcher(Backend::kHopper, params.dtype, static_cast<int>(params.headdim)) == nullptr)
-    return Status{};
+  if (Status s = resolve_backend(params, backend, &fwd_kernel_headdim, capability, &resolved); !s.ok()) return s;
+  // The split's tiles and state follow the kernel's head dim.
+  const int kernel_headdim = fwd_kernel_headdim(Backend::kHopper, params.dtype, lookup_headdim(params.headdim));
+  if (resolved != Backend::kHopper || capability != 90 || kernel_headdim == 0) return Status{};
   int device = params.device;
   if (device < 0 && cudaGetDevice(&device) != cudaSuccess) return Status{};
   int sms = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return Status{};
-  *bytes = hopper::plan_fwd_split(kernel_params(params), static_cast<int>(params.headdim), sms).workspace.bytes;
+  *bytes = hopper::plan_fwd_split(kernel_params(params), kernel_headdim, sms).workspace.bytes;
   return Status{};
 }
 
-Status attention_backward_workspace_size(const AttentionBackwardParams& params, size_t* bytes,
+Status attention_backward_workspace_size(const AttentionBackwardParams& given, size_t* bytes,
                                          Backend backend) {
   if (bytes == nullptr) return invalid("bytes must not be null");
+  const AttentionBackwardParams params = bounded(given);
   if (Status s = check_problem(params); !s.ok()) return s;
-  // kAuto follows the device; without a usable device, the larger of the two layouts.
-  int capability = 0;
-  Backend resolved = Backend::kHopper;
-  if (backend != Backend::kAuto || device_capability(params.device, &capability).ok()) {
-    if (Status s = resolve_backend(params, backend, &find_bwd_launcher, capability, &resolved); !s.ok())
-      return s;
-  }
   const bool hopper_kernel =
-      find_bwd_launcher(Backend::kHopper, params.dtype, static_cast<int>(params.headdim)) != nullptr;
+      bwd_kernel_headdim(Backend::kHopper, params.dtype, lookup_headdim(params.headdim)) > 0;
+  // kAuto follows the device; without a usable device, the larger of the two layouts (their
+  // kernels' head dims may differ).
+  int capability = 0;
+  if (backend == Backend::kAuto && !device_capability(params.device, &capability).ok()) {
+    *bytes = workspace_layout(params, Backend::kAmpere).bytes;
+    if (hopper_kernel) *bytes = std::max(*bytes, workspace_layout(params, Backend::kHopper).bytes);
+    return Status{};
+  }
+  Backend resolved = backend;
+  if (Status s = resolve_backend(params, backend, &bwd_kernel_headdim, capability, &resolved); !s.ok()) return s;
   if (resolved == Backend::kHopper && !hopper_kernel) resolved = Backend::kAmpere;
   *bytes = workspace_layout(params, resolved).bytes;
   return Status{};
 }
 
-Status attention_backward(const AttentionBackwardParams& params, Backend backend) {
+Status attention_backward(const AttentionBackwardParams& given, Backend backend) {
+  const AttentionBackwardParams params = bounded(given);
   if (Status s = check_backward(params); !s.ok()) return s;
   if (params.batch == 0 || params.nheads == 0 || (params.seqlen_q == 0 && params.seqlen_k == 0))
     return Status{};
   BwdLauncher launch = nullptr;
   Backend resolved = backend;
-  if (Status s = find_launcher(params, backend, &find_bwd_launcher, "backward", &launch, &resolved); !s.ok())
+  if (Status s = find_launcher(params, backend, &find_bwd_launcher, &bwd_kernel_headdim, "backward", &launch,
+                               &resolved); !s.ok())
     return s;
   if (Status s = check_workspace(params, resolved); !s.ok()) return s;
   DeviceGuard guard(params.device);

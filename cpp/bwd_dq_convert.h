@@ -11,6 +11,9 @@
 // kAwaitAdds (Hopper path): the kernel runs as the dK/dV kernel's programmatic dependent, so
 // its CTAs may start while that grid's last wave still runs; each waits until dq_ready has
 // counted every dK/dV CTA of its (batch, kv head) pair (split ones count each part).
+//
+// Variable-length batches (seq_view.h): dq_accum row r of batch b is the sequence's query row r;
+// only the sequence's rows are written (tensor rows q_start + r), and a block past its end exits.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -19,6 +22,7 @@
 
 #include "bwd_tail_split.h"
 #include "kernel_params.h"
+#include "seq_view.h"
 
 namespace flashcute {
 
@@ -48,6 +52,9 @@ __global__ void __launch_bounds__(Layout::kDqRegionThreads * Layout::kDqRegions)
   const int head = (pair % params.nheads_kv) * params.heads_per_kv + slot % params.heads_per_kv;
   const int region = threadIdx.x / kThreads;
   const int tid = threadIdx.x % kThreads;
+  const SeqView seq = SeqView::of(params, batch);
+  const int rows = min(kBlockM, seq.seqlen_q - m_block * kBlockM);
+  if (rows <= 0) return;  // rows of the next sequence: nothing of this one to convert
   if constexpr (kAwaitAdds) {  // every dK/dV CTA of the pair counts itself once
     if (threadIdx.x == 0) {
       const int pair_slot = slot / params.heads_per_kv;
@@ -91,11 +98,12 @@ __global__ void __launch_bounds__(Layout::kDqRegionThreads * Layout::kDqRegions)
   constexpr int kChunkElems = 16 / int(sizeof(Element));
   constexpr int kChunksPerRow = kHeadDim / kChunkElems;
   static_assert(kHeadDim % kChunkElems == 0);
-  Element* dq = static_cast<Element*>(params.dq) + batch * params.dq_batch_stride + head * params.dq_head_stride;
-  const int rows = min(kBlockM, params.seqlen_q - m_block * kBlockM);
+  Element* dq = static_cast<Element*>(params.dq) + batch * params.dq_batch_stride + head * params.dq_head_stride +
+                int64_t(seq.q_start) * params.dq_row_stride;
   for (int idx = threadIdx.x; idx < rows * kChunksPerRow; idx += blockDim.x) {
     const int row = idx / kChunksPerRow;
     const int chunk = idx % kChunksPerRow;
+    if (chunk * kChunkElems >= params.headdim) continue;  // past the call's head dim
     *reinterpret_cast<uint4*>(dq + int64_t(m_block * kBlockM + row) * params.dq_row_stride + chunk * kChunkElems) =
         *reinterpret_cast<const uint4*>(tile + row * kRowElems + chunk * kChunkElems);
   }

@@ -3,12 +3,15 @@
 // kernel reads whole padded blocks of rows (Hopper path), it also writes the LSE in log2 units,
 // +inf on padding rows and rows that saw no key, so that P = exp2(S·scale_log2 - lse) is 0 there.
 // A group of kLanes threads owns one row, 8 elements (16 bytes of fp16/bf16) per thread.
+// Variable-length batches (seq_view.h): workspace row r of batch b is the sequence's query row r
+// (tensor row q_start + r); its rows from seqlen_q on are padding.
 #pragma once
 
 #include <cute/tensor.hpp>
 #include <cutlass/array.h>
 
 #include "kernel_params.h"
+#include "seq_view.h"
 
 namespace flashcute {
 
@@ -30,14 +33,16 @@ __global__ void __launch_bounds__(RowwiseShape<kHeadDim>::kThreads)
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
   const int col = lane * 8;
-  const bool active = lane < Shape::kChunks;
+  const bool active = lane < Shape::kChunks && col < params.headdim;  // the call's columns only
+  const SeqView seq = SeqView::of(params, batch);
+  const int64_t tensor_row = int64_t(seq.q_start) + row;
 
   float dot = 0.f;
-  if (active && row < params.seqlen_q) {
+  if (active && row < seq.seqlen_q) {
     const auto* o = static_cast<const Element*>(params.out) + batch * params.out_batch_stride +
-                    head * params.out_head_stride + int64_t(row) * params.out_row_stride + col;
+                    head * params.out_head_stride + tensor_row * params.out_row_stride + col;
     const auto* d = static_cast<const Element*>(params.dout) + batch * params.dout_batch_stride +
-                    head * params.dout_head_stride + int64_t(row) * params.dout_row_stride + col;
+                    head * params.dout_head_stride + tensor_row * params.dout_row_stride + col;
     // One 16-byte load each (rows are 16-byte aligned); Array<Element, 8> alone is only
     // 2-byte aligned and compiles to narrower loads.
     const uint4 o_raw = *reinterpret_cast<const uint4*>(o);
@@ -56,8 +61,8 @@ __global__ void __launch_bounds__(RowwiseShape<kHeadDim>::kThreads)
   if (lane == 0) params.row_dot[bh_row] = dot;
   if (lane == 1 && params.lse_log2 != nullptr) {
     constexpr float kLog2e = 1.4426950408889634f;
-    const float lse = row < params.seqlen_q
-                          ? params.lse[batch * params.lse_batch_stride + head * params.lse_head_stride + row]
+    const float lse = row < seq.seqlen_q
+                          ? params.lse[batch * params.lse_batch_stride + head * params.lse_head_stride + tensor_row]
                           : -INFINITY;
     params.lse_log2[bh_row] = lse == -INFINITY ? INFINITY : lse * kLog2e;
   }

@@ -22,6 +22,9 @@ struct FwdKernelParams {
 
   int batch, seqlen_q, seqlen_k, nheads;
   int heads_per_kv;  // nheads / nheads_kv: query heads sharing one K/V head
+  // The call's head dim, a multiple of 8 up to the kernel's: only these columns are read and
+  // written (kernel columns past it are zero in shared memory).
+  int headdim;
 
   float softmax_scale;
   float scale_log2;  // softmax_scale * log2(e): scores go through exp2 with one FMA
@@ -37,6 +40,15 @@ struct FwdKernelParams {
   const float* __restrict__ alibi_slopes;
   int64_t alibi_batch_stride;
   float alibi_scale;
+  // Variable-length batches (seq_view.h): null leaves the fixed sizes. With cu_seqlens_q,
+  // sequence b's queries are rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of the packed q, out
+  // and lse (batch strides 0) and seqlen_q is the longest sequence's length; likewise for keys.
+  // seqused_k: sequence b uses only its first seqused_k[b] keys. total_q / total_k: the packed
+  // tensors' rows, the bound every offset is clamped to.
+  const int* __restrict__ cu_seqlens_q;
+  const int* __restrict__ cu_seqlens_k;
+  const int* __restrict__ seqused_k;
+  int total_q, total_k;
   // Optional: the Hopper path splits its last wave when this holds the bytes
   // plan_fwd_split() asks for (hopper/fwd_split_plan.h).
   void* workspace;
@@ -79,6 +91,7 @@ struct BwdKernelParams {
   int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
   int64_t lse_batch_stride, lse_head_stride;
 
+  // headdim: the call's, a multiple of 8 up to the kernel's (as in FwdKernelParams).
   int batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim;
   int heads_per_kv;
   int seqlen_q_padded;
@@ -97,6 +110,13 @@ struct BwdKernelParams {
   const float* __restrict__ alibi_slopes;
   int64_t alibi_batch_stride;
   float alibi_scale;
+  // Variable-length batches, as in FwdKernelParams (seq_view.h). The workspace keeps
+  // seqlen_q_padded rows per (batch, head) whatever the layout of q: sequence b's row r is
+  // workspace row r of batch b.
+  const int* __restrict__ cu_seqlens_q;
+  const int* __restrict__ cu_seqlens_k;
+  const int* __restrict__ seqused_k;
+  int total_q, total_k;
 };
 
 // Whether the mask bounds keys by more than seqlen_k (causal diagonal or window): per-tile work

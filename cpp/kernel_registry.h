@@ -36,7 +36,14 @@ FLASHCUTE_FOR_EACH_HOPPER_BWD(FLASHCUTE_DECLARE_HOPPER_BWD)
 #undef FLASHCUTE_DECLARE_HOPPER_BWD
 }  // namespace hopper
 
-// The compiled launchers for (backend, dtype, headdim), or nullptr.
+// The head dim of the compiled kernel that runs a call of head dim `headdim` on (backend,
+// dtype): the smallest one at least `headdim`, which then reads and writes only `headdim`
+// columns; 0 if none, or if `headdim` is not a positive multiple of 8.
+int fwd_kernel_headdim(Backend backend, DType dtype, int headdim);
+int bwd_kernel_headdim(Backend backend, DType dtype, int headdim);
+
+// The compiled launchers for (backend, dtype, headdim), the head dim rounded up as above, or
+// nullptr.
 FwdLauncher find_fwd_launcher(Backend backend, DType dtype, int headdim);
 BwdLauncher find_bwd_launcher(Backend backend, DType dtype, int headdim);
 

@@ -1092,3 +1092,63 @@ def test_main_with_window_and_only_baselines_fails(monkeypatch, capsys) -> None:
     assert main(["--impls", "sdpa-cudnn", "--softcap", "30", "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert "no implementation left" in err and "sdpa-cudnn not timed with softcap=30" in err
+
+
+# ---------------------------------------------------------------------------------------------
+# --varlen
+
+
+def test_varlen_packed_lengths() -> None:
+    from flashcute.bench import varlen
+
+    for seed in range(20):
+        lengths = varlen.packed_lengths(seed)
+        assert sum(lengths) == 16384
+        assert all(n <= varlen.PACKED_MAX for n in lengths)
+        assert all(n >= varlen.PACKED_MIN for n in lengths[:-1])
+    assert varlen.packed_lengths(3) == varlen.packed_lengths(3)
+    assert varlen.packed_lengths(1) != varlen.packed_lengths(2)
+
+
+def test_varlen_flops_count_real_pairs() -> None:
+    from flashcute.bench import varlen
+
+    assert varlen.pairs([3, 5], causal=False) == 9 + 25
+    assert varlen.pairs([3, 5], causal=True) == 6 + 15
+    assert varlen.flops([4], nheads=2, hdim=8, causal=False) == 4 * 2 * 8 * 16
+    assert varlen.flops([4], 2, 8, False, backward=True) == 2.5 * 4 * 2 * 8 * 16
+
+
+def test_varlen_cases_and_rows() -> None:
+    from flashcute.bench import varlen
+
+    cases = varlen.build_cases(("equal", "packed"), [128], [512, 16384, 1000], [False, True], "bf16")
+    equal = [c for c in cases if c.mode == "equal"]
+    assert [(c.causal, c.lengths[0], len(c.lengths)) for c in equal] == [(False, 512, 32), (True, 512, 32)]
+    packed = [c for c in cases if c.mode == "packed"]
+    assert len(packed) == 2 and sum(packed[0].lengths) == 16384
+    assert packed[0].dense_seqlen == round(16384 / len(packed[0].lengths))
+    row = varlen.VarlenRow("flashcute-ampere", packed[1], 100.0, 125.0, 50.0, None)
+    varlen_row, dense_row = row.to_dicts()
+    assert (varlen_row["feature"], dense_row["feature"]) == ("varlen", "dense")
+    assert varlen_row["seqlens"] == list(packed[1].lengths) and varlen_row["bwd_tflops"] == 50.0
+    assert "bwd_tflops" not in dense_row and dense_row["seqlen"] == packed[1].dense_seqlen
+    table = varlen.format_varlen_table([row])
+    assert "varlen/dense" in table and "0.80" in table and "varlen bwd" in table
+
+
+def test_parse_varlen() -> None:
+    from flashcute.bench import parse_args
+
+    assert parse_args(["--varlen", "packed"]).varlen == "packed"
+    assert parse_args([]).varlen is None
+
+
+@pytest.mark.parametrize("extra", [["--shape", "1,128,128,4,4,64"], ["--window", "4,0"],
+                                   ["--softcap", "3"], ["--plot", "x.png"], ["--check"]])
+def test_parse_varlen_refuses_other_modes(extra: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from flashcute.bench import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--varlen", "equal", *extra])
+    assert "--varlen" in capsys.readouterr().err

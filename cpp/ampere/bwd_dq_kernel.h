@@ -6,6 +6,8 @@
 //
 // The structure follows the forward kernel: warps split the query rows, K/V stream through a
 // two-stage cp.async pipeline, and dS stays in registers as the A operand of dQ += dS·K.
+// Variable-length batches (seq_view.h) as in the forward: a CTA whose rows start past its
+// sequence's end exits, and offsets, lengths and mask come from the sequence's view.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -19,6 +21,7 @@
 #include "mask.h"
 #include "online_softmax.h"
 #include "score_hook.h"
+#include "seq_view.h"
 
 namespace flashcute::ampere {
 
@@ -80,20 +83,27 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
   const int batch = blockIdx.z;
   const int kv_head = head / params.heads_per_kv;
   const int row0 = m_block * kBlockM;
-  const int seqlen_q = params.seqlen_q;
-  const int seqlen_k = params.seqlen_k;
-  // Mask and hook are read from the kernel parameters where used (constant bank operands),
-  // not held in registers: the kernels run at the register cap.
-  const KeyBlockRange range = key_block_range<kBlockN>(MaskPolicy::of(params), row0, kBlockM);
+  const SeqView seq = SeqView::of(params, batch);
+  if (row0 >= seq.seqlen_q) return;  // rows of the next sequence
+  const int seqlen_q = seq.seqlen_q;
+  const int seqlen_k = seq.seqlen_k;
+  // The hook is read from the kernel parameters where used (constant bank operands), not held
+  // in registers: the kernels run at the register cap.
+  const KeyBlockRange range = key_block_range<kBlockN>(seq.mask(params), row0, kBlockM);
+  // A head dim below the kernel's (rounded up to it): the columns past it are zeros in shared
+  // memory and neither loaded nor stored (one uniform branch per copy, as in the forward).
+  const bool partial_cols = params.headdim < kHeadDim;
 
   const Element* q_base = static_cast<const Element*>(params.q) + batch * params.q_batch_stride +
-                          head * params.q_head_stride + int64_t(row0) * params.q_row_stride;
+                          head * params.q_head_stride + int64_t(seq.q_start + row0) * params.q_row_stride;
   const Element* do_base = static_cast<const Element*>(params.dout) + batch * params.dout_batch_stride +
-                           head * params.dout_head_stride + int64_t(row0) * params.dout_row_stride;
+                           head * params.dout_head_stride + int64_t(seq.q_start + row0) * params.dout_row_stride;
+  // Key rows past seqlen_k land as zeros (load_kv's first, partial block): they may hold
+  // anything (the next sequence, unused keys past seqused_k), and 0 · NaN would poison dP.
   const Element* k_base = static_cast<const Element*>(params.k) + batch * params.k_batch_stride +
-                          kv_head * params.k_head_stride;
+                          kv_head * params.k_head_stride + int64_t(seq.k_start) * params.k_row_stride;
   const Element* v_base = static_cast<const Element*>(params.v) + batch * params.v_batch_stride +
-                          kv_head * params.v_head_stride;
+                          kv_head * params.v_head_stride + int64_t(seq.k_start) * params.v_row_stride;
 
   typename Traits::GmemTiledCopyLoad gmem_copy;
   auto gmem_thr_copy = gmem_copy.get_thread_slice(tid);
@@ -111,7 +121,12 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
     Tensor gV = make_tensor(make_gmem_ptr(v_base + row * params.v_row_stride), TileKV{},
                             make_stride(params.v_row_stride, _1{}));
     const int valid = seqlen_k - n * kBlockN;
-    if (decltype(may_be_partial)::value && valid < kBlockN) {
+    if (partial_cols) {
+      load_tile_cols<decltype(may_be_partial)::value>(gmem_copy, gmem_thr_copy.partition_S(gK),
+                                                      gmem_thr_copy.partition_D(sK), cKV, valid, params.headdim);
+      load_tile_cols<decltype(may_be_partial)::value>(gmem_copy, gmem_thr_copy.partition_S(gV),
+                                                      gmem_thr_copy.partition_D(sV), cKV, valid, params.headdim);
+    } else if (decltype(may_be_partial)::value && valid < kBlockN) {
       load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gK), gmem_thr_copy.partition_D(sK), cKV, valid);
       load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gV), gmem_thr_copy.partition_D(sV), cKV, valid);
     } else {
@@ -146,12 +161,33 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
   const float scale_log2 = params.scale_log2;
   constexpr float kLog2e = 1.4426950408889634f;
 
-  load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(make_tensor(make_gmem_ptr(q_base), TileQ{},
-                                                                   make_stride(params.q_row_stride, _1{}))),
-                  gmem_thr_copy.partition_D(sQ), cQ, seqlen_q - row0);
-  load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(make_tensor(make_gmem_ptr(do_base), TileQ{},
-                                                                   make_stride(params.dout_row_stride, _1{}))),
-                  gmem_thr_copy.partition_D(sdO), cQ, seqlen_q - row0);
+  {
+    Tensor tQgQ = gmem_thr_copy.partition_S(
+        make_tensor(make_gmem_ptr(q_base), TileQ{}, make_stride(params.q_row_stride, _1{})));
+    Tensor tQgdO = gmem_thr_copy.partition_S(
+        make_tensor(make_gmem_ptr(do_base), TileQ{}, make_stride(params.dout_row_stride, _1{})));
+    if (partial_cols) {
+      Tensor tQsQ = gmem_thr_copy.partition_D(sQ);
+      Tensor tQsdO = gmem_thr_copy.partition_D(sdO);
+      clear_tile_cols(tQsQ, cQ, params.headdim);
+      clear_tile_cols(tQsdO, cQ, params.headdim);
+      load_tile_cols<true>(gmem_copy, tQgQ, tQsQ, cQ, seqlen_q - row0, params.headdim);
+      load_tile_cols<true>(gmem_copy, tQgdO, tQsdO, cQ, seqlen_q - row0, params.headdim);
+      // Both K/V stages' columns past the head dim, once (smem_gemm.h).
+      CUTE_UNROLL
+      for (int stage = 0; stage < 2; ++stage) {
+        clear_tile_cols(gmem_thr_copy.partition_D(make_tensor(make_smem_ptr(smem_k(stage)),
+                                                              typename Traits::SmemLayoutKV{})),
+                        cKV, params.headdim);
+        clear_tile_cols(gmem_thr_copy.partition_D(make_tensor(make_smem_ptr(smem_k(stage) + Traits::kKVElems),
+                                                              typename Traits::SmemLayoutKV{})),
+                        cKV, params.headdim);
+      }
+    } else {
+      load_tile<true>(gmem_copy, tQgQ, gmem_thr_copy.partition_D(sQ), cQ, seqlen_q - row0);
+      load_tile<true>(gmem_copy, tQgdO, gmem_thr_copy.partition_D(sdO), cQ, seqlen_q - row0);
+    }
+  }
   if (range.n_end > range.n_begin) load_kv(range.n_end - 1, 0, cute::true_type{});
   cp_async_fence();
 
@@ -159,7 +195,8 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
   // rowsum(dO∘O) are read once.
   float lse_log2[kRows], row_dot[kRows];
   {
-    const float* lse_base = params.lse + batch * params.lse_batch_stride + head * params.lse_head_stride;
+    const float* lse_base =
+        params.lse + batch * params.lse_batch_stride + head * params.lse_head_stride + seq.q_start;
     const float* row_dot_base =
         params.row_dot + (int64_t(batch) * params.nheads + head) * params.seqlen_q_padded;
     CUTE_UNROLL
@@ -193,11 +230,11 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
     const int col_base = n_block * kBlockN + thread_col;
     if (ScoreHook::of(params).softcap()) ScoreHook::of(params).apply_softcap(acc_s);  // uniform
     if (range.needs_mask(n_block))  // warp-uniform
-      MaskPolicy::of(params).apply(acc_s_rc, score_offsets_rc, thread_row, col_base);
+      seq.mask(params).apply(acc_s_rc, score_offsets_rc, thread_row, col_base);
     if constexpr (kAlibi) {
       // ALiBi's bias after the mask (a masked -inf stays -inf), in log2 units inside exp2's FMA.
       const float slope_log2 = ScoreHook::of(params).alibi_slope(batch, head) * scale_log2;
-      const float base = float(thread_row + MaskPolicy::of(params).offset() - col_base);
+      const float base = float(thread_row + seq.mask(params).offset() - col_base);
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
         CUTE_UNROLL
@@ -230,7 +267,7 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
     if (ScoreHook::of(params).softcap()) {  // uniform; ALiBi's bias alone leaves dS as it is
       const ScoreHook hook = ScoreHook::of(params);
       const float slope = kAlibi ? hook.alibi_slope(batch, head) : 0.f;
-      const float base = float(thread_row + MaskPolicy::of(params).offset() - col_base);
+      const float base = float(thread_row + seq.mask(params).offset() - col_base);
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
         CUTE_UNROLL
@@ -270,7 +307,7 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
   __syncthreads();
 
   Element* dq_base = static_cast<Element*>(params.dq) + batch * params.dq_batch_stride +
-                     head * params.dq_head_stride + int64_t(row0) * params.dq_row_stride;
+                     head * params.dq_head_stride + int64_t(seq.q_start + row0) * params.dq_row_stride;
   Tensor gdQ = make_tensor(make_gmem_ptr(dq_base), TileQ{}, make_stride(params.dq_row_stride, _1{}));
   typename Traits::GmemTiledCopyStore gmem_store;
   auto gmem_thr_store = gmem_store.get_thread_slice(tid);
@@ -279,6 +316,10 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
   Tensor trQ = make_fragment_like(tsQ);
   copy(gmem_store, tsQ, trQ);
   Tensor tcQ = gmem_thr_store.partition_D(make_identity_tensor(TileQ{}));
+  if (partial_cols) {
+    store_tile_cols(gmem_store, trQ, tgQ, tcQ, seqlen_q - row0, params.headdim);
+    return;
+  }
   CUTE_UNROLL
   for (int m = 0; m < size<1>(tgQ); ++m) {
     if (row0 + get<0>(tcQ(0, m, 0)) < seqlen_q) copy(gmem_store, trQ(_, m, _), tgQ(_, m, _));

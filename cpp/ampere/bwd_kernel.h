@@ -19,6 +19,10 @@
 // (softcap, ALiBi) runs on S (score_hook.h) with softcap's chain factor on dS. (The loop body is
 // written out, not a lambda: a lambda too large to inline would put the by-reference
 // accumulators in local memory.)
+// Variable-length batches (seq_view.h) take the kGeneral variant (run_bwd): offsets, lengths and
+// mask come from the sequence's view there, while the other variants keep the fixed-length
+// code. The grid is sized from the longest sequence; a CTA whose keys start past the sequence's
+// key range exits, and one past its used keys (seqused_k) writes zero dK and dV.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -32,6 +36,7 @@
 #include "mask.h"
 #include "online_softmax.h"
 #include "score_hook.h"
+#include "seq_view.h"
 
 // Read the next k-slice of both operands before multiplying the current one (tuning knob).
 #ifndef FLASHCUTE_AMPERE_BWD_LOOKAHEAD
@@ -39,6 +44,13 @@
 #endif
 
 namespace flashcute::ampere {
+
+// The general variant's sequence view, in shared memory and read where used: held in registers
+// across the query-block loop, it made ptxas spill at the register cap (hd 128).
+CUTE_DEVICE SeqView* shared_seq_view() {
+  __shared__ SeqView view;
+  return &view;
+}
 
 template <class Traits, bool kAddDq, bool kGeneral>
 CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
@@ -67,47 +79,76 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   const int batch = kAddDq ? pair / params.nheads_kv : blockIdx.z;
   const int kv_head = kAddDq ? pair % params.nheads_kv : blockIdx.y;
   const int n0 = n_block * kBlockN;
-  const int seqlen_q = params.seqlen_q;
-  const int seqlen_k = params.seqlen_k;
+  // The sequence's view: without kGeneral always the fixed-length one (constants of the
+  // parameters); with it, read from shared memory after the first barrier (see seq() below).
+  const SeqView seq0 = kGeneral ? SeqView::of(params, batch)
+                                : SeqView{0, 0, params.seqlen_q, params.seqlen_k, params.seqlen_k};
+  if (kGeneral && n0 >= seq0.k_rows) return;  // keys of the next sequence
+  if constexpr (kGeneral) {
+    if (tid == 0) *shared_seq_view() = seq0;
+  }
+  auto seq = [&]() -> SeqView {
+    if constexpr (kGeneral) return *shared_seq_view();
+    else return seq0;
+  };
+  const int seqlen_k = seq0.seqlen_k;
   // Mask and hook are read from the kernel parameters where used (constant bank operands),
   // not held in registers: the kernels run at the register cap.
-  const MaskPolicy mask = MaskPolicy::of(params);
-  const QueryBlockRange range = query_block_range<kBlockM, kBlockN, kGeneral>(mask, n0);
+  const QueryBlockRange range = query_block_range<kBlockM, kBlockN, kGeneral>(seq0.mask(params), n0);
   const int head_first = kv_head * params.heads_per_kv;
   const int head_end = head_first + params.heads_per_kv;
+  // A head dim below the kernel's (rounded up to it; general variant only, the others run at
+  // the register cap): the columns past it are zero-filled in shared memory and neither read
+  // nor written in global memory.
+  const bool partial_cols = kGeneral && params.headdim < kHeadDim;
 
   typename Traits::GmemTiledCopyLoad gmem_copy;
   auto gmem_thr_copy = gmem_copy.get_thread_slice(tid);
   Tensor cQ = gmem_thr_copy.partition_S(make_identity_tensor(TileQ{}));
   Tensor cKV = gmem_thr_copy.partition_S(make_identity_tensor(TileKV{}));
 
-  // K and V of this key block, zero past seqlen_k.
+  // K and V of this key block, zero past seqlen_k (rows there may hold anything, NaN included).
   {
     const Element* k_base = static_cast<const Element*>(params.k) + batch * params.k_batch_stride +
-                            kv_head * params.k_head_stride + int64_t(n0) * params.k_row_stride;
+                            kv_head * params.k_head_stride + int64_t(seq0.k_start + n0) * params.k_row_stride;
     const Element* v_base = static_cast<const Element*>(params.v) + batch * params.v_batch_stride +
-                            kv_head * params.v_head_stride + int64_t(n0) * params.v_row_stride;
+                            kv_head * params.v_head_stride + int64_t(seq0.k_start + n0) * params.v_row_stride;
     Tensor gK = make_tensor(make_gmem_ptr(k_base), TileKV{}, make_stride(params.k_row_stride, _1{}));
     Tensor gV = make_tensor(make_gmem_ptr(v_base), TileKV{}, make_stride(params.v_row_stride, _1{}));
     Tensor sK = make_tensor(make_smem_ptr(smem), typename Traits::SmemLayoutKV{});
     Tensor sV = make_tensor(make_smem_ptr(smem + Traits::kOffsetV), typename Traits::SmemLayoutKV{});
-    load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gK), gmem_thr_copy.partition_D(sK), cKV, seqlen_k - n0);
-    load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gV), gmem_thr_copy.partition_D(sV), cKV, seqlen_k - n0);
+    if constexpr (kGeneral) {
+      load_tile_zfill(gmem_copy, gmem_thr_copy.partition_S(gK), gmem_thr_copy.partition_D(sK), cKV, seqlen_k - n0,
+                      params.headdim);
+      load_tile_zfill(gmem_copy, gmem_thr_copy.partition_S(gV), gmem_thr_copy.partition_D(sV), cKV, seqlen_k - n0,
+                      params.headdim);
+    } else {
+      load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gK), gmem_thr_copy.partition_D(sK), cKV, seqlen_k - n0);
+      load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gV), gmem_thr_copy.partition_D(sV), cKV, seqlen_k - n0);
+    }
   }
 
   // Q and dO of query block m of head h into a stage, zero past seqlen_q.
   auto load_q_do = [&](int h, int m, int stage) {
     const int64_t row0 = int64_t(m) * kBlockM;
+    const int64_t tensor_row0 = seq().q_start + row0;
     const Element* q_base = static_cast<const Element*>(params.q) + batch * params.q_batch_stride +
-                            h * params.q_head_stride + row0 * params.q_row_stride;
+                            h * params.q_head_stride + tensor_row0 * params.q_row_stride;
     const Element* do_base = static_cast<const Element*>(params.dout) + batch * params.dout_batch_stride +
-                             h * params.dout_head_stride + row0 * params.dout_row_stride;
+                             h * params.dout_head_stride + tensor_row0 * params.dout_row_stride;
     Tensor gQ = make_tensor(make_gmem_ptr(q_base), TileQ{}, make_stride(params.q_row_stride, _1{}));
     Tensor gdO = make_tensor(make_gmem_ptr(do_base), TileQ{}, make_stride(params.dout_row_stride, _1{}));
     Tensor sQ = make_tensor(make_smem_ptr(smem_q(stage)), typename Traits::SmemLayoutQ{});
     Tensor sdO = make_tensor(make_smem_ptr(smem_do(stage)), typename Traits::SmemLayoutQ{});
-    const int valid = seqlen_q - int(row0);
-    if (valid < kBlockM) {
+    const int valid = seq().seqlen_q - int(row0);
+    if constexpr (kGeneral) {
+      // One zero-filling cp.async per chunk, rows and the call's columns predicated: no
+      // branches (the variant runs at the register cap).
+      load_tile_zfill(gmem_copy, gmem_thr_copy.partition_S(gQ), gmem_thr_copy.partition_D(sQ), cQ, valid,
+                      params.headdim);
+      load_tile_zfill(gmem_copy, gmem_thr_copy.partition_S(gdO), gmem_thr_copy.partition_D(sdO), cQ, valid,
+                      params.headdim);
+    } else if (valid < kBlockM) {
       load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gQ), gmem_thr_copy.partition_D(sQ), cQ, valid);
       load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gdO), gmem_thr_copy.partition_D(sdO), cQ, valid);
     } else {
@@ -182,6 +223,7 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   // plain order otherwise (no reductions to spread, and the registers are at the cap).
   auto query_block = [&](int i) { return kAddDq ? range.at(i) : range.begin + i; };
   const bool has_work = range.begin < range.end && head_first < head_end;
+  if constexpr (kGeneral) __syncthreads();  // the shared view written
   if (has_work) load_q_do(head_first, query_block(0), 0);
   cp_async_fence();
 
@@ -203,7 +245,8 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
       }
 
       const int row0 = m * kBlockM;
-      const float* lse_base = params.lse + batch * params.lse_batch_stride + h * params.lse_head_stride;
+      const float* lse_base =
+          params.lse + batch * params.lse_batch_stride + h * params.lse_head_stride + seq().q_start;
       const float* row_dot_base =
           params.row_dot + (int64_t(batch) * params.nheads + h) * params.seqlen_q_padded;
       const int thread_row = row0 + get<0>(tScS(0));
@@ -214,13 +257,13 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) {
           const int row = thread_row + get<0>(score_offsets_rc(r, 0));
-          row_dot[r] = row < seqlen_q ? row_dot_base[row] : 0.f;
+          row_dot[r] = row < seq().seqlen_q ? row_dot_base[row] : 0.f;
         }
       };
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
         const int row = thread_row + get<0>(score_offsets_rc(r, 0));
-        const float lse = row < seqlen_q ? lse_base[row] : INFINITY;
+        const float lse = row < seq().seqlen_q ? lse_base[row] : INFINITY;
         lse_log2[r] = lse == -INFINITY ? INFINITY : lse * kLog2e;
       }
       // Where the kernel sits at the register cap, when rowsum(dO∘O) is read decides whether
@@ -247,13 +290,15 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
             for (int i = 0; i < size(acc_s); ++i) factor(i) = cutlass::half_t(hook.cap(acc_s(i)));
             copy(copy_p, thr_copy_p.retile_S(factor), tPsFactor);
           }
+          // The sequence's offset (its mask's) from the kept seqlen_k: reading both lengths
+          // from the shared view spilled at hd 64.
           if (hook.alibi())
-            ScoreHook::add_alibi(acc_s_rc, score_offsets_rc, thread_row, n0 + get<1>(tScS(0)), mask.offset(),
-                                 hook.alibi_slope(batch, h));
+            ScoreHook::add_alibi(acc_s_rc, score_offsets_rc, thread_row, n0 + get<1>(tScS(0)),
+                                 seqlen_k - seq().seqlen_q, hook.alibi_slope(batch, h));
         }
       }
       if (range.needs_mask(m, kGeneral))  // warp-uniform: the bulk skips the mask
-        mask.apply_sides<kGeneral>(acc_s_rc, score_offsets_rc, thread_row, n0 + get<1>(tScS(0)));
+        seq().mask(params).template apply_sides<kGeneral>(acc_s_rc, score_offsets_rc, thread_row, n0 + get<1>(tScS(0)));
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
         CUTE_UNROLL
@@ -327,7 +372,8 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   }
 
   // Epilogue: dK scaled, both converted and staged through K/V's shared memory for 16-byte
-  // row stores; keys past seqlen_k are not written.
+  // row stores; keys past the key range are not written (those in [seqlen_k, k_rows), past
+  // seqused_k, get the zeros their masked scores left).
   CUTE_UNROLL
   for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= params.softmax_scale;
   Tensor dk = convert_fragment<Element>(acc_dk);
@@ -341,9 +387,9 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   __syncthreads();
 
   Element* dk_base = static_cast<Element*>(params.dk) + batch * params.dk_batch_stride +
-                     kv_head * params.dk_head_stride + int64_t(n0) * params.dk_row_stride;
+                     kv_head * params.dk_head_stride + int64_t(seq().k_start + n0) * params.dk_row_stride;
   Element* dv_base = static_cast<Element*>(params.dv) + batch * params.dv_batch_stride +
-                     kv_head * params.dv_head_stride + int64_t(n0) * params.dv_row_stride;
+                     kv_head * params.dv_head_stride + int64_t(seq().k_start + n0) * params.dv_row_stride;
   Tensor gdK = make_tensor(make_gmem_ptr(dk_base), TileKV{}, make_stride(params.dk_row_stride, _1{}));
   Tensor gdV = make_tensor(make_gmem_ptr(dv_base), TileKV{}, make_stride(params.dv_row_stride, _1{}));
   typename Traits::GmemTiledCopyStore gmem_store;
@@ -357,9 +403,14 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   copy(gmem_store, tsK, trK);
   copy(gmem_store, tsV, trV);
   Tensor tcKV = gmem_thr_store.partition_D(make_identity_tensor(TileKV{}));
+  if (partial_cols) {
+    store_tile_cols(gmem_store, trK, tgK, tcKV, seq().k_rows - n0, params.headdim);
+    store_tile_cols(gmem_store, trV, tgV, tcKV, seq().k_rows - n0, params.headdim);
+    return;
+  }
   CUTE_UNROLL
   for (int r = 0; r < size<1>(tgK); ++r) {
-    if (n0 + get<0>(tcKV(0, r, 0)) < seqlen_k) {
+    if (n0 + get<0>(tcKV(0, r, 0)) < seq().k_rows) {
       copy(gmem_store, trK(_, r, _), tgK(_, r, _));
       copy(gmem_store, trV(_, r, _), tgV(_, r, _));
     }

@@ -19,6 +19,7 @@
 #include "bwd_rowwise.h"
 #include "bwd_workspace.h"
 #include "launch_status.h"
+#include "seq_view.h"
 
 namespace flashcute::ampere {
 
@@ -28,13 +29,18 @@ Status prepare_bwd(Kernel kernel, int device) {
   static_assert(kSmem <= 227 * 1024);
   int smem_optin = 0;
   cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  if (kSmem > smem_optin) {
+  // The kernel's static shared memory (the general variant's sequence view) comes on top.
+  cudaFuncAttributes attributes{};
+  if (cudaError_t err = cudaFuncGetAttributes(&attributes, kernel); err != cudaSuccess)
+    return cuda_status(err, "cudaFuncGetAttributes");
+  const int smem_total = kSmem + static_cast<int>(attributes.sharedSizeBytes);
+  if (smem_total > smem_optin) {
     return make_status(StatusCode::kNotSupported,
                        "ampere path backward, headdim %d: needs %d bytes of shared memory per "
                        "block, the device allows %d",
-                       Traits::kHeadDim, kSmem, smem_optin);
+                       Traits::kHeadDim, smem_total, smem_optin);
   }
-  if (kSmem > 48 * 1024)
+  if (smem_total > 48 * 1024)
     return cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                        "cudaFuncSetAttribute");
   return Status{};
@@ -75,10 +81,11 @@ Status launch_bwd_chunk(Kernel kernel, const BwdKernelParams& params, int pair_b
 
 template <class Element, int kHeadDim>
 Status run_bwd(const BwdKernelParams& call, cudaStream_t stream) {
-  // The score hook (softcap, ALiBi) and windows take the general dK/dV kernel (bwd_kernel.h)
-  // with the atomic-free design, whose dQ pass handles them at no register cost: dq_accum
-  // stays unused.
-  const bool general = ScoreHook::of(call).active() || !MaskPolicy::of(call).dense_or_causal();
+  // The score hook (softcap, ALiBi), windows, a head dim below the kernel's and variable-length
+  // batches take the general dK/dV kernel (bwd_kernel.h) with the atomic-free design, whose dQ
+  // pass handles them at no register cost: dq_accum stays unused.
+  const bool general = ScoreHook::of(call).active() || !MaskPolicy::of(call).dense_or_causal() ||
+                       call.headdim < kHeadDim || !SeqView::fixed(call);
   BwdKernelParams params = call;
   if (general) params.dq_accum = nullptr;
   using Traits90 = typename BwdTraitsFor<Element, kHeadDim, 90>::type;

@@ -4,6 +4,10 @@
 // the last to the first, so the blocks that need masking (the seqlen_k tail, the causal
 // diagonal or the window's right side) come first, the unmasked bulk runs without mask code,
 // and the blocks on the window's left side (mask.h) come last.
+//
+// Variable-length batches (seq_view.h): the grid is sized from the longest sequence; a CTA
+// whose rows start past its sequence's end exits at once, and every row and key offset, length
+// and mask comes from the sequence's view (constants of the parameters for a fixed-length call).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -16,6 +20,7 @@
 #include "mask.h"
 #include "online_softmax.h"
 #include "score_hook.h"
+#include "seq_view.h"
 
 namespace flashcute::ampere {
 
@@ -65,20 +70,27 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
   const int batch = blockIdx.z;
   const int kv_head = head / params.heads_per_kv;
   const int row0 = m_block * kBlockM;
-  const int seqlen_q = params.seqlen_q;
-  const int seqlen_k = params.seqlen_k;
+  const SeqView seq = SeqView::of(params, batch);
+  // Rows of the next sequence (a shorter one than the grid's): nothing to compute or write.
+  if (row0 >= seq.seqlen_q) return;
+  const int seqlen_q = seq.seqlen_q;
+  const int seqlen_k = seq.seqlen_k;
 
-  // Mask and hook are read from the kernel parameters where used (constant bank operands),
-  // not held in registers: the kernels run at the register cap.
-  const KeyBlockRange range = key_block_range<kBlockN>(MaskPolicy::of(params), row0, kBlockM);
+  // The hook is read from the kernel parameters where used (constant bank operands), not
+  // held in registers: the kernels run at the register cap.
+  const KeyBlockRange range = key_block_range<kBlockN>(seq.mask(params), row0, kBlockM);
   const int n_begin = range.n_begin;
+  // A head dim below the kernel's (rounded up to it): the columns past it are zeros in shared
+  // memory and neither loaded nor stored (smem_gemm.h). One uniform branch per copy; the
+  // kernel's own head dim runs the copies without column tests.
+  const bool partial_cols = params.headdim < kHeadDim;
 
   const Element* q_base = static_cast<const Element*>(params.q) + batch * params.q_batch_stride +
-                          head * params.q_head_stride + int64_t(row0) * params.q_row_stride;
+                          head * params.q_head_stride + int64_t(seq.q_start + row0) * params.q_row_stride;
   const Element* k_base = static_cast<const Element*>(params.k) + batch * params.k_batch_stride +
-                          kv_head * params.k_head_stride;
+                          kv_head * params.k_head_stride + int64_t(seq.k_start) * params.k_row_stride;
   const Element* v_base = static_cast<const Element*>(params.v) + batch * params.v_batch_stride +
-                          kv_head * params.v_head_stride;
+                          kv_head * params.v_head_stride + int64_t(seq.k_start) * params.v_row_stride;
 
   Tensor gQ = make_tensor(make_gmem_ptr(q_base), TileQ{}, make_stride(params.q_row_stride, _1{}));
   Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQ{});
@@ -90,6 +102,8 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
 
   // Issues the cp.async copies of key block n into a pipeline stage. Only the first block
   // loaded (the highest one) can be partial; every refill inside the loop is a full block.
+  // Rows past seqlen_k land as zeros: they may belong to the next sequence or be unused keys
+  // past seqused_k holding anything (NaN included), and P = 0 times NaN would poison P·V.
   auto load_kv = [&](int n, int stage, auto may_be_partial) {
     Element* sk_ptr = stage_k(stage);
     Tensor sK = make_tensor(make_smem_ptr(sk_ptr), typename Traits::SmemLayoutKV{});
@@ -104,7 +118,10 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
     Tensor tVgV = gmem_thr_copy.partition_S(gV);
     Tensor tVsV = gmem_thr_copy.partition_D(sV);
     const int valid = seqlen_k - n * kBlockN;
-    if (decltype(may_be_partial)::value && valid < kBlockN) {
+    if (partial_cols) {
+      load_tile_cols<decltype(may_be_partial)::value>(gmem_copy, tKgK, tKsK, cKV, valid, params.headdim);
+      load_tile_cols<decltype(may_be_partial)::value>(gmem_copy, tVgV, tVsV, cKV, valid, params.headdim);
+    } else if (decltype(may_be_partial)::value && valid < kBlockN) {
       load_tile<true>(gmem_copy, tKgK, tKsK, cKV, valid);
       load_tile<true>(gmem_copy, tVgV, tVsV, cKV, valid);
     } else {
@@ -146,8 +163,25 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
   const int thread_col = get<1>(tScS(0));
 
   // Prologue: Q, then the first kStages-1 key blocks.
-  load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gQ), gmem_thr_copy.partition_D(sQ), cQ,
-                  seqlen_q - row0);
+  // Columns past the head dim are zeroed once per buffer (smem_gemm.h): Q's and stage 0's here,
+  // the other stages' once Q has left the buffer they share with it.
+  auto clear_stage_cols = [&](int stage) {
+    Element* sk_ptr = stage_k(stage);
+    clear_tile_cols(gmem_thr_copy.partition_D(make_tensor(make_smem_ptr(sk_ptr), typename Traits::SmemLayoutKV{})),
+                    cKV, params.headdim);
+    clear_tile_cols(gmem_thr_copy.partition_D(
+                        make_tensor(make_smem_ptr(sk_ptr + Traits::kKVElems), typename Traits::SmemLayoutKV{})),
+                    cKV, params.headdim);
+  };
+  if (partial_cols) {
+    Tensor tQsQ = gmem_thr_copy.partition_D(sQ);
+    clear_tile_cols(tQsQ, cQ, params.headdim);
+    load_tile_cols<true>(gmem_copy, gmem_thr_copy.partition_S(gQ), tQsQ, cQ, seqlen_q - row0, params.headdim);
+    clear_stage_cols(0);
+  } else {
+    load_tile<true>(gmem_copy, gmem_thr_copy.partition_S(gQ), gmem_thr_copy.partition_D(sQ), cQ,
+                    seqlen_q - row0);
+  }
   cp_async_fence();
   int n = range.n_end - 1;
   if (n >= n_begin) load_kv(n, 0, cute::true_type{});
@@ -157,6 +191,10 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
     __syncthreads();
     copy(smem_copy_q, tSsQ, tSrQ_view);
     __syncthreads();  // Q's smem is stage 1 from here on
+  }
+  if (partial_cols) {
+    CUTE_UNROLL
+    for (int s = 1; s < kStages; ++s) clear_stage_cols(s);
   }
   CUTE_UNROLL
   for (int s = 1; s < kStages - 1; ++s) {
@@ -186,10 +224,10 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
     if (ScoreHook::of(params).active()) {  // uniform: softcap and ALiBi, before the mask
       const ScoreHook hook = ScoreHook::of(params);
       hook.apply(acc_s_rc, score_offsets_rc, thread_row, n_block * kBlockN + thread_col,
-                 MaskPolicy::of(params).offset(), hook.alibi_slope(batch, head));
+                 seq.mask(params).offset(), hook.alibi_slope(batch, head));
     }
     if constexpr (decltype(masked)::value)
-      MaskPolicy::of(params).apply(acc_s_rc, score_offsets_rc, thread_row, n_block * kBlockN + thread_col);
+      seq.mask(params).apply(acc_s_rc, score_offsets_rc, thread_row, n_block * kBlockN + thread_col);
     softmax.update(acc_s_rc, acc_o_rc);
 
     Tensor scores_a = make_tensor(acc_s.data(), acc_to_a_operand_layout(acc_s.layout()));
@@ -219,7 +257,7 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
   copy(smem_copy_o, smem_thr_copy_o.retile_S(o), smem_thr_copy_o.partition_D(sO));
 
   if (params.lse != nullptr && tid % 4 == 0) {
-    float* lse_base = params.lse + batch * params.lse_batch_stride + head * params.lse_head_stride;
+    float* lse_base = params.lse + batch * params.lse_batch_stride + head * params.lse_head_stride + seq.q_start;
     Tensor tOcO = thr_mma.partition_C(make_identity_tensor(TileQ{}));
     Tensor tOcO_rc = make_tensor(tOcO.data(), rowcol_layout(tOcO.layout()));
     CUTE_UNROLL
@@ -231,7 +269,7 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
   __syncthreads();
 
   Element* o_base = static_cast<Element*>(params.out) + batch * params.out_batch_stride +
-                    head * params.out_head_stride + int64_t(row0) * params.out_row_stride;
+                    head * params.out_head_stride + int64_t(seq.q_start + row0) * params.out_row_stride;
   Tensor gO = make_tensor(make_gmem_ptr(o_base), TileQ{}, make_stride(params.out_row_stride, _1{}));
   typename Traits::GmemTiledCopyStore gmem_copy_o;
   auto gmem_thr_copy_o = gmem_copy_o.get_thread_slice(tid);
@@ -240,6 +278,10 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
   Tensor tOrO = make_fragment_like(tOsO);
   copy(gmem_copy_o, tOsO, tOrO);
   Tensor tOcO = gmem_thr_copy_o.partition_D(make_identity_tensor(TileQ{}));
+  if (partial_cols) {
+    store_tile_cols(gmem_copy_o, tOrO, tOgO, tOcO, seqlen_q - row0, params.headdim);
+    return;
+  }
   CUTE_UNROLL
   for (int m = 0; m < size<1>(tOgO); ++m) {
     if (row0 + get<0>(tOcO(0, m, 0)) < seqlen_q) copy(gmem_copy_o, tOrO(_, m, _), tOgO(_, m, _));

@@ -95,35 +95,135 @@ void set_alibi_slopes(Params& p, const std::optional<Tensor>& slopes, const Tens
   p.alibi_slopes_batch_stride = per_batch && s.shape(0) > 1 ? s.stride(0) : 0;
 }
 
-// Tensors are (batch, seqlen, heads, headdim); lse is (batch, heads, seqlen).
+// One q-like or k-like tensor as the params take it: batched (batch, seqlen, heads, headdim),
+// or packed (total, heads, headdim) with cu_seqlens (batch 1, batch stride 0).
+struct Rows {
+  int64_t batch, rows, heads, headdim;
+  int64_t batch_stride, row_stride, head_stride;
+  bool same_shape(const Rows& o) const {
+    return batch == o.batch && rows == o.rows && heads == o.heads && headdim == o.headdim;
+  }
+};
+
+template <class T>
+Rows rows_of(const T& t, bool packed, const std::string& name) {
+  if (packed) {
+    if (t.ndim() != 3)
+      throw nb::value_error((name + ": expected a 3-d packed tensor (total, heads, headdim) with cu_seqlens").c_str());
+    if (t.stride(2) != 1) throw nb::value_error((name + ": expected unit stride in the headdim dimension").c_str());
+    return {1, static_cast<int64_t>(t.shape(0)), static_cast<int64_t>(t.shape(1)), static_cast<int64_t>(t.shape(2)),
+            0, t.stride(0), t.stride(1)};
+  }
+  if (t.ndim() != 4)
+    throw nb::value_error((name + ": expected a 4-d tensor (batch, seqlen, heads, headdim)").c_str());
+  if (t.stride(3) != 1) throw nb::value_error((name + ": expected unit stride in the headdim dimension").c_str());
+  return {static_cast<int64_t>(t.shape(0)), static_cast<int64_t>(t.shape(1)), static_cast<int64_t>(t.shape(2)),
+          static_cast<int64_t>(t.shape(3)), t.stride(0), t.stride(1), t.stride(2)};
+}
+
+// The variable-length arguments of a call (seq_view.h): int32 device vectors on q's device,
+// and the sizes they imply. Their values are the kernels' to clamp; only shapes are checked.
+struct Varlen {
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+  const int32_t* seqused_k = nullptr;
+  int64_t batch = -1;  // from the offsets' lengths; -1: none given
+
+  Varlen(const std::optional<Tensor>& cu_q, const std::optional<Tensor>& cu_k, const std::optional<Tensor>& used,
+         const Tensor& q) {
+    cu_seqlens_q = vector(cu_q, "cu_seqlens_q", q, true);
+    cu_seqlens_k = vector(cu_k, "cu_seqlens_k", q, true);
+    seqused_k = vector(used, "seqused_k", q, false);
+    if (used && batch >= 0 && static_cast<int64_t>(used->shape(0)) != batch)
+      throw nb::value_error("seqused_k: expected one entry per sequence (batch)");
+  }
+  bool packed_q() const { return cu_seqlens_q != nullptr; }
+  bool packed_k() const { return cu_seqlens_k != nullptr; }
+  // The batch of the call: the offsets' (they agree) or a batched tensor's, which must match.
+  int64_t resolve_batch(const Rows& q, const Rows& k, const std::optional<Tensor>& used) const {
+    int64_t b = batch >= 0 ? batch : !packed_q() ? q.batch : k.batch;
+    if ((!packed_q() && q.batch != b) || (!packed_k() && k.batch != b))
+      throw nb::value_error("cu_seqlens_q, cu_seqlens_k: batch size does not match the batched tensors'");
+    if (used && static_cast<int64_t>(used->shape(0)) != b)
+      throw nb::value_error("seqused_k: expected one entry per sequence (batch)");
+    return b;
+  }
+
+ private:
+  const int32_t* vector(const std::optional<Tensor>& t, const char* name, const Tensor& q, bool offsets) {
+    if (!t) return nullptr;
+    const std::string n = name;
+    if (t->ndim() != 1 || t->dtype() != nb::dtype<int32_t>() || (t->shape(0) > 1 && t->stride(0) != 1))
+      throw nb::value_error((n + ": expected a contiguous 1-d int32 tensor").c_str());
+    if (t->device_type() != q.device_type() || t->device_id() != q.device_id())
+      throw nb::value_error((n + ": expected a tensor on q's device").c_str());
+    if (offsets) {
+      if (t->shape(0) < 2) throw nb::value_error((n + ": expected batch + 1 >= 2 offsets").c_str());
+      const int64_t b = static_cast<int64_t>(t->shape(0)) - 1;
+      if (batch >= 0 && b != batch)
+        throw nb::value_error("cu_seqlens_q, cu_seqlens_k: expected the same number of offsets");
+      batch = b;
+    }
+    return static_cast<const int32_t*>(t->data());
+  }
+};
+
+template <class Params>
+void set_varlen(Params& p, const Varlen& vl, const Rows& q, const Rows& k, int64_t max_seqlen_q,
+                int64_t max_seqlen_k) {
+  p.cu_seqlens_q = vl.cu_seqlens_q, p.cu_seqlens_k = vl.cu_seqlens_k, p.seqused_k = vl.seqused_k;
+  if (vl.packed_q()) p.total_q = q.rows, p.seqlen_q = max_seqlen_q;
+  if (vl.packed_k()) p.total_k = k.rows, p.seqlen_k = max_seqlen_k;
+}
+
+// lse: (batch, heads, seqlen_q), or (heads, total_q) for packed queries; unit row stride.
+template <class T>
+void lse_strides(const T& lse, bool packed, const Rows& q, int64_t* batch_stride, int64_t* head_stride) {
+  const bool ok = lse.dtype() == nb::dtype<float>() &&
+                  (packed ? lse.ndim() == 2 && static_cast<int64_t>(lse.shape(0)) == q.heads &&
+                                static_cast<int64_t>(lse.shape(1)) == q.rows && (q.rows <= 1 || lse.stride(1) == 1)
+                          : lse.ndim() == 3 && lse.stride(2) == 1);
+  if (!ok)
+    throw nb::value_error(packed ? "lse: expected a float32 (heads, total_q) tensor with unit last stride"
+                                 : "lse: expected a float32 (batch, heads, seqlen_q) tensor");
+  *batch_stride = packed ? 0 : lse.stride(0);
+  *head_stride = packed ? lse.stride(0) : lse.stride(1);
+}
+
+// Tensors are (batch, seqlen, heads, headdim); lse is (batch, heads, seqlen). With cu_seqlens_q
+// (cu_seqlens_k), q and out (k and v) are packed (total, heads, headdim) and lse (heads, total_q).
 void forward(Tensor q, Tensor k, Tensor v, MutableTensor out, std::optional<MutableTensor> lse,
              float softmax_scale, bool causal, int backend, uintptr_t stream,
              std::optional<MutableTensor> workspace, int64_t window_left, int64_t window_right, float softcap,
-             std::optional<Tensor> alibi_slopes) {
-  if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4 || out.ndim() != 4)
-    throw nb::value_error("q, k, v, out: expected 4-d tensors (batch, seqlen, heads, headdim)");
+             std::optional<Tensor> alibi_slopes, std::optional<Tensor> cu_seqlens_q,
+             std::optional<Tensor> cu_seqlens_k, std::optional<Tensor> seqused_k, int64_t max_seqlen_q,
+             int64_t max_seqlen_k) {
+  const Varlen vl(cu_seqlens_q, cu_seqlens_k, seqused_k, q);
+  const Rows qr = rows_of(q, vl.packed_q(), "q"), kr = rows_of(k, vl.packed_k(), "k");
+  const Rows vr = rows_of(v, vl.packed_k(), "v"), outr = rows_of(out, vl.packed_q(), "out");
+  if (!vr.same_shape(kr) || !outr.same_shape(qr) || kr.headdim != qr.headdim)
+    throw nb::value_error("q, k, v, out: shapes do not match");
   flashcute::AttentionForwardParams p;
   p.q = q.data();
   p.k = k.data();
   p.v = v.data();
   p.out = out.data();
-  p.batch = q.shape(0);
-  p.seqlen_q = q.shape(1);
-  p.nheads = q.shape(2);
-  p.headdim = q.shape(3);
-  p.seqlen_k = k.shape(1);
-  p.nheads_kv = k.shape(2);
-  p.q_batch_stride = q.stride(0), p.q_row_stride = q.stride(1), p.q_head_stride = q.stride(2);
-  p.k_batch_stride = k.stride(0), p.k_row_stride = k.stride(1), p.k_head_stride = k.stride(2);
-  p.v_batch_stride = v.stride(0), p.v_row_stride = v.stride(1), p.v_head_stride = v.stride(2);
-  p.out_batch_stride = out.stride(0), p.out_row_stride = out.stride(1),
-  p.out_head_stride = out.stride(2);
+  p.batch = vl.resolve_batch(qr, kr, seqused_k);
+  p.seqlen_q = qr.rows;
+  p.nheads = qr.heads;
+  p.headdim = qr.headdim;
+  p.seqlen_k = kr.rows;
+  p.nheads_kv = kr.heads;
+  set_varlen(p, vl, qr, kr, max_seqlen_q, max_seqlen_k);
+  p.q_batch_stride = qr.batch_stride, p.q_row_stride = qr.row_stride, p.q_head_stride = qr.head_stride;
+  p.k_batch_stride = kr.batch_stride, p.k_row_stride = kr.row_stride, p.k_head_stride = kr.head_stride;
+  p.v_batch_stride = vr.batch_stride, p.v_row_stride = vr.row_stride, p.v_head_stride = vr.head_stride;
+  p.out_batch_stride = outr.batch_stride, p.out_row_stride = outr.row_stride, p.out_head_stride = outr.head_stride;
   if (lse) {
-    if (lse->ndim() != 3 || lse->dtype() != nb::dtype<float>() || lse->stride(2) != 1)
+    if (!vl.packed_q() && (lse->ndim() != 3 || lse->dtype() != nb::dtype<float>() || lse->stride(2) != 1))
       throw nb::value_error("lse: expected a float32 (batch, heads, seqlen_q) tensor");
+    lse_strides(*lse, vl.packed_q(), qr, &p.lse_batch_stride, &p.lse_head_stride);
     p.lse = static_cast<float*>(lse->data());
-    p.lse_batch_stride = lse->stride(0);
-    p.lse_head_stride = lse->stride(1);
   }
   if (workspace) {
     p.workspace = workspace->data();
@@ -136,17 +236,8 @@ void forward(Tensor q, Tensor k, Tensor v, MutableTensor out, std::optional<Muta
   p.dtype = to_dtype(q.dtype());
   p.device = q.device_id();
   p.stream = reinterpret_cast<cudaStream_t>(stream);
-
-  const bool dims_match = k.shape(0) == p.batch && v.shape(0) == p.batch &&
-                          v.shape(1) == p.seqlen_k && v.shape(2) == p.nheads_kv &&
-                          k.shape(3) == p.headdim && v.shape(3) == p.headdim &&
-                          out.shape(0) == p.batch && out.shape(1) == p.seqlen_q &&
-                          out.shape(2) == p.nheads && out.shape(3) == p.headdim;
-  if (!dims_match) throw nb::value_error("q, k, v, out: shapes do not match");
   if (k.dtype() != q.dtype() || v.dtype() != q.dtype() || out.dtype() != q.dtype())
     throw nb::type_error("q, k, v, out: expected one dtype for all four");
-  if (q.stride(3) != 1 || k.stride(3) != 1 || v.stride(3) != 1 || out.stride(3) != 1)
-    throw nb::value_error("q, k, v, out: expected unit stride in the headdim dimension");
   set_alibi_slopes(p, alibi_slopes, q);
 
   flashcute::Status status;
@@ -157,57 +248,46 @@ void forward(Tensor q, Tensor k, Tensor v, MutableTensor out, std::optional<Muta
   raise_on_error(status);
 }
 
-// Shapes of the backward's tensors: every gradient matches its input.
-void check_backward_shapes(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
-                           MutableTensor dq, MutableTensor dk, MutableTensor dv) {
-  const Tensor* all[] = {&dout, &q, &k, &v, &out};
-  for (const Tensor* t : all)
-    if (t->ndim() != 4) throw nb::value_error("dout, q, k, v, out: expected 4-d tensors");
-  if (dq.ndim() != 4 || dk.ndim() != 4 || dv.ndim() != 4)
-    throw nb::value_error("dq, dk, dv: expected 4-d tensors");
-  auto same_shape = [](auto& a, auto& b) {
-    for (size_t i = 0; i < 4; ++i)
-      if (a.shape(i) != b.shape(i)) return false;
-    return true;
-  };
-  if (!same_shape(dout, q) || !same_shape(out, q) || !same_shape(dq, q) || !same_shape(v, k) ||
-      !same_shape(dk, k) || !same_shape(dv, k) || k.shape(0) != q.shape(0) ||
-      k.shape(3) != q.shape(3))
+void backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, MutableTensor dq,
+              MutableTensor dk, MutableTensor dv, MutableTensor workspace, float softmax_scale,
+              bool causal, bool deterministic, int backend, uintptr_t stream, int64_t window_left,
+              int64_t window_right, float softcap, std::optional<Tensor> alibi_slopes,
+              std::optional<Tensor> cu_seqlens_q, std::optional<Tensor> cu_seqlens_k,
+              std::optional<Tensor> seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k) {
+  const Varlen vl(cu_seqlens_q, cu_seqlens_k, seqused_k, q);
+  const bool pq = vl.packed_q(), pk = vl.packed_k();
+  const Rows qr = rows_of(q, pq, "q"), kr = rows_of(k, pk, "k"), vr = rows_of(v, pk, "v");
+  const Rows doutr = rows_of(dout, pq, "dout"), outr = rows_of(out, pq, "out"), dqr = rows_of(dq, pq, "dq");
+  const Rows dkr = rows_of(dk, pk, "dk"), dvr = rows_of(dv, pk, "dv");
+  if (!doutr.same_shape(qr) || !outr.same_shape(qr) || !dqr.same_shape(qr) || !vr.same_shape(kr) ||
+      !dkr.same_shape(kr) || !dvr.same_shape(kr) || kr.headdim != qr.headdim)
     throw nb::value_error("dout, q, k, v, out, dq, dk, dv: shapes do not match");
   const auto dt = q.dtype();
   if (dout.dtype() != dt || k.dtype() != dt || v.dtype() != dt || out.dtype() != dt ||
       dq.dtype() != dt || dk.dtype() != dt || dv.dtype() != dt)
     throw nb::type_error("dout, q, k, v, out, dq, dk, dv: expected one dtype for all");
-  if (dout.stride(3) != 1 || q.stride(3) != 1 || k.stride(3) != 1 || v.stride(3) != 1 ||
-      out.stride(3) != 1 || dq.stride(3) != 1 || dk.stride(3) != 1 || dv.stride(3) != 1)
-    throw nb::value_error("dout, q, k, v, out, dq, dk, dv: expected unit headdim stride");
-}
-
-void backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, MutableTensor dq,
-              MutableTensor dk, MutableTensor dv, MutableTensor workspace, float softmax_scale,
-              bool causal, bool deterministic, int backend, uintptr_t stream, int64_t window_left,
-              int64_t window_right, float softcap, std::optional<Tensor> alibi_slopes) {
-  check_backward_shapes(dout, q, k, v, out, dq, dk, dv);
-  if (lse.ndim() != 3 || lse.dtype() != nb::dtype<float>() || lse.stride(2) != 1 ||
-      lse.shape(0) != q.shape(0) || lse.shape(1) != q.shape(2) || lse.shape(2) != q.shape(1))
-    throw nb::value_error("lse: expected a float32 (batch, heads, seqlen_q) tensor");
   flashcute::AttentionBackwardParams p;
+  p.batch = vl.resolve_batch(qr, kr, seqused_k);
+  if (!pq && (lse.ndim() != 3 || static_cast<int64_t>(lse.shape(0)) != p.batch ||
+              static_cast<int64_t>(lse.shape(1)) != qr.heads || static_cast<int64_t>(lse.shape(2)) != qr.rows))
+    throw nb::value_error("lse: expected a float32 (batch, heads, seqlen_q) tensor");
+  lse_strides(lse, pq, qr, &p.lse_batch_stride, &p.lse_head_stride);
   p.dout = dout.data(), p.q = q.data(), p.k = k.data(), p.v = v.data(), p.out = out.data();
   p.lse = static_cast<const float*>(lse.data());
   p.dq = dq.data(), p.dk = dk.data(), p.dv = dv.data();
   p.workspace = workspace.data();
   p.workspace_bytes = workspace.nbytes();
-  p.batch = q.shape(0), p.seqlen_q = q.shape(1), p.nheads = q.shape(2), p.headdim = q.shape(3);
-  p.seqlen_k = k.shape(1), p.nheads_kv = k.shape(2);
-  p.dout_batch_stride = dout.stride(0), p.dout_row_stride = dout.stride(1), p.dout_head_stride = dout.stride(2);
-  p.q_batch_stride = q.stride(0), p.q_row_stride = q.stride(1), p.q_head_stride = q.stride(2);
-  p.k_batch_stride = k.stride(0), p.k_row_stride = k.stride(1), p.k_head_stride = k.stride(2);
-  p.v_batch_stride = v.stride(0), p.v_row_stride = v.stride(1), p.v_head_stride = v.stride(2);
-  p.out_batch_stride = out.stride(0), p.out_row_stride = out.stride(1), p.out_head_stride = out.stride(2);
-  p.dq_batch_stride = dq.stride(0), p.dq_row_stride = dq.stride(1), p.dq_head_stride = dq.stride(2);
-  p.dk_batch_stride = dk.stride(0), p.dk_row_stride = dk.stride(1), p.dk_head_stride = dk.stride(2);
-  p.dv_batch_stride = dv.stride(0), p.dv_row_stride = dv.stride(1), p.dv_head_stride = dv.stride(2);
-  p.lse_batch_stride = lse.stride(0), p.lse_head_stride = lse.stride(1);
+  p.seqlen_q = qr.rows, p.nheads = qr.heads, p.headdim = qr.headdim;
+  p.seqlen_k = kr.rows, p.nheads_kv = kr.heads;
+  set_varlen(p, vl, qr, kr, max_seqlen_q, max_seqlen_k);
+  p.dout_batch_stride = doutr.batch_stride, p.dout_row_stride = doutr.row_stride, p.dout_head_stride = doutr.head_stride;
+  p.q_batch_stride = qr.batch_stride, p.q_row_stride = qr.row_stride, p.q_head_stride = qr.head_stride;
+  p.k_batch_stride = kr.batch_stride, p.k_row_stride = kr.row_stride, p.k_head_stride = kr.head_stride;
+  p.v_batch_stride = vr.batch_stride, p.v_row_stride = vr.row_stride, p.v_head_stride = vr.head_stride;
+  p.out_batch_stride = outr.batch_stride, p.out_row_stride = outr.row_stride, p.out_head_stride = outr.head_stride;
+  p.dq_batch_stride = dqr.batch_stride, p.dq_row_stride = dqr.row_stride, p.dq_head_stride = dqr.head_stride;
+  p.dk_batch_stride = dkr.batch_stride, p.dk_row_stride = dkr.row_stride, p.dk_head_stride = dkr.head_stride;
+  p.dv_batch_stride = dvr.batch_stride, p.dv_row_stride = dvr.row_stride, p.dv_head_stride = dvr.head_stride;
   p.softmax_scale = softmax_scale;
   p.causal = causal;
   p.window_left = window_left, p.window_right = window_right;
@@ -245,11 +325,24 @@ Params size_query(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t nhe
 // A non-null pointer that says "ALiBi on" to the size queries, which read no pointers.
 const float kAlibiFlag = 0.f;
 
+// A size query's variable-length layout: total_q / total_k >= 0 for a packed side, -1 for a
+// batched one; seqlen_q / seqlen_k are then the longest sequences' lengths. The queries read
+// no pointer, only whether one is given: a placeholder address stands in for the device data.
+template <class Params>
+void size_query_varlen(Params& p, int64_t total_q, int64_t total_k, bool seqused_k) {
+  static const int32_t kNotRead = 0;
+  if (total_q >= 0) p.cu_seqlens_q = &kNotRead, p.total_q = total_q;
+  if (total_k >= 0) p.cu_seqlens_k = &kNotRead, p.total_k = total_k;
+  if (seqused_k) p.seqused_k = &kNotRead;
+}
+
 size_t forward_workspace_size(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t nheads,
                               int64_t nheads_kv, int64_t headdim, const std::string& dtype, bool causal,
-                              int backend, int device, int64_t window_left, int64_t window_right, bool alibi) {
+                              int backend, int device, int64_t window_left, int64_t window_right, bool alibi,
+                              int64_t total_q, int64_t total_k, bool seqused_k) {
   auto p = size_query<flashcute::AttentionForwardParams>(batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim,
                                                          dtype, causal, window_left, window_right);
+  size_query_varlen(p, total_q, total_k, seqused_k);
   p.device = device;
   if (alibi) p.alibi_slopes = &kAlibiFlag;
   size_t bytes = 0;
@@ -292,7 +385,7 @@ int forward_packed_heads(int nheads, int nheads_kv, int seqlen_q, int seqlen_k, 
                          bool alibi) {
   namespace hopper = flashcute::hopper;
   flashcute::FwdKernelParams p{};
-  p.seqlen_q = seqlen_q, p.seqlen_k = seqlen_k, p.nheads = nheads, p.causal = causal;
+  p.seqlen_q = seqlen_q, p.seqlen_k = seqlen_k, p.nheads = nheads, p.causal = causal, p.headdim = headdim;
   if (alibi) p.alibi_slopes = &kAlibiFlag;
   p.window_left = seqlen_k, p.window_right = causal ? 0 : seqlen_q;  // no window
   p.heads_per_kv = nheads_kv > 0 ? nheads / nheads_kv : 1;
@@ -304,9 +397,10 @@ int forward_packed_heads(int nheads, int nheads_kv, int seqlen_q, int seqlen_k, 
 size_t backward_workspace_size(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t nheads,
                                int64_t nheads_kv, int64_t headdim, const std::string& dtype,
                                bool deterministic, int backend, bool causal, int64_t window_left,
-                               int64_t window_right) {
+                               int64_t window_right, int64_t total_q, int64_t total_k, bool seqused_k) {
   auto p = size_query<flashcute::AttentionBackwardParams>(batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim,
                                                           dtype, causal, window_left, window_right);
+  size_query_varlen(p, total_q, total_k, seqused_k);
   p.deterministic = deterministic;
   size_t bytes = 0;
   raise_on_error(flashcute::attention_backward_workspace_size(p, &bytes,
@@ -330,23 +424,31 @@ NB_MODULE(_C, m) {
         nb::arg("lse").none(), nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("backend"),
         nb::arg("stream"), nb::arg("workspace").none() = nb::none(), nb::arg("window_left") = -1,
         nb::arg("window_right") = -1, nb::arg("softcap") = 0.f, nb::arg("alibi_slopes").none() = nb::none(),
-        "Attention forward into out (and lse when given).");
+        nb::arg("cu_seqlens_q").none() = nb::none(), nb::arg("cu_seqlens_k").none() = nb::none(),
+        nb::arg("seqused_k").none() = nb::none(), nb::arg("max_seqlen_q") = 0, nb::arg("max_seqlen_k") = 0,
+        "Attention forward into out (and lse when given); cu_seqlens_q / cu_seqlens_k make q, out / k, v "
+        "packed (total, heads, headdim) and lse (heads, total_q).");
   m.def("forward_workspace_size", &forward_workspace_size, nb::arg("batch"), nb::arg("seqlen_q"),
         nb::arg("seqlen_k"), nb::arg("nheads"), nb::arg("nheads_kv"), nb::arg("headdim"),
         nb::arg("dtype"), nb::arg("causal"), nb::arg("backend"), nb::arg("device"),
         nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("alibi") = false,
-        "Bytes of the optional device workspace the forward can use (0: none).");
+        nb::arg("total_q") = -1, nb::arg("total_k") = -1, nb::arg("seqused_k") = false,
+        "Bytes of the optional device workspace the forward can use (0: none); total_q / total_k >= 0 "
+        "for packed sides (seqlen_q / seqlen_k then the longest sequences').");
   m.def("backward", &backward, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
         nb::arg("workspace"), nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("deterministic"),
         nb::arg("backend"), nb::arg("stream"), nb::arg("window_left") = -1, nb::arg("window_right") = -1,
         nb::arg("softcap") = 0.f, nb::arg("alibi_slopes").none() = nb::none(),
-        "Attention backward into dq, dk, dv.");
+        nb::arg("cu_seqlens_q").none() = nb::none(), nb::arg("cu_seqlens_k").none() = nb::none(),
+        nb::arg("seqused_k").none() = nb::none(), nb::arg("max_seqlen_q") = 0, nb::arg("max_seqlen_k") = 0,
+        "Attention backward into dq, dk, dv; cu_seqlens_q / cu_seqlens_k as in forward().");
   m.def("backward_workspace_size", &backward_workspace_size, nb::arg("batch"), nb::arg("seqlen_q"),
         nb::arg("seqlen_k"), nb::arg("nheads"), nb::arg("nheads_kv"), nb::arg("headdim"),
         nb::arg("dtype"), nb::arg("deterministic"), nb::arg("backend"), nb::arg("causal") = false,
-        nb::arg("window_left") = -1, nb::arg("window_right") = -1,
-        "Bytes of device workspace the backward needs.");
+        nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("total_q") = -1,
+        nb::arg("total_k") = -1, nb::arg("seqused_k") = false,
+        "Bytes of device workspace the backward needs; total_q / total_k as in forward_workspace_size().");
   m.def("_forward_split_plan", &forward_split_plan, nb::arg("units"), nb::arg("key_blocks"), nb::arg("sms"),
         nb::arg("partial_tiles") = false, nb::arg("few_rows") = false,
         "Test hook: the Hopper forward's last-wave split plan.");

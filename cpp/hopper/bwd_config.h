@@ -42,6 +42,16 @@ template <> struct BwdTileShape<256> : BwdTileValues<FLASHCUTE_HOPPER_BWD_TILE_2
 
 constexpr int kBwdSplitHeadDim = 3;
 
+// The key-split kernels whose dQ needs both consumers' dS issue it one block late from this
+// many query blocks per CTA on (bwd_launch.h has the measurements).
+constexpr int bwd_defer_dq_min_blocks(int head_dim) { return head_dim <= 64 ? 0 : 24; }
+// Deferred-dQ kernels compiled for fixed lengths only; variable-length calls (seq_view.h) run
+// the same kernel without the deferred dQ. At the register cap, a sequence's lengths kept in
+// registers spilled in hd 128's deferred kernel and in hd 64's with the score hook.
+constexpr bool bwd_deferred_dq_fixed_only(int head_dim, bool score_hook) {
+  return score_hook || bwd_defer_dq_min_blocks(head_dim) > 0;
+}
+
 template <class Element, int kHeadDim, class Shape = BwdTileShape<kHeadDim>,
           bool kWide = Shape::kDqSplit_ == kBwdSplitHeadDim>
 struct BwdTraitsSelect {

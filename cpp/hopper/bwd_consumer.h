@@ -13,14 +13,17 @@
 #include <cutlass/arch/barrier.h>
 
 #include "fragment_views.h"
+#include "hopper/bwd_config.h"
 #include "hopper/bwd_params.h"
 #include "hopper/bwd_split_sums.h"
 #include "dq_reduce.h"
 #include "hopper/named_barriers.h"
+#include "hopper/seq_rows.h"
 #include "hopper/wgmma.h"
 #include "mask.h"
 #include "online_softmax.h"  // fast_exp2
 #include "score_hook.h"
+#include "seq_view.h"
 
 namespace flashcute::hopper {
 
@@ -96,7 +99,11 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
   constexpr bool kPrefetchStats = kCols <= 16;
   const int thread_key = get<0>(thr_sdp.partition_C(cS)(0));
   const int thread_col = get<1>(thr_sdp.partition_C(cS)(0));
-  const MaskPolicy mask = MaskPolicy::of(args);
+  // The pair's sequence (seq_view.h); fixed lengths in a kernel compiled for them alone.
+  constexpr bool kFixedOnly = kDeferDq && bwd_deferred_dq_fixed_only(kHeadDim, kScoreHook);
+  const SeqView view =
+      kFixedOnly ? SeqView{0, 0, args.seqlen_q, args.seqlen_k, args.seqlen_k} : SeqView::of(args, batch);
+  const MaskPolicy mask = view.mask(args);
   const ScoreHook hook = ScoreHook::of(args);
   const int key0 = n_block * Traits::kBlockN + consumer * Traits::kKeysPerConsumer;
   const QueryBlockRange range = query_block_range<kBlockM, Traits::kBlockN>(mask, n_block * Traits::kBlockN);
@@ -108,6 +115,16 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
   // Q and dO stages advance together: one state serves both pipelines.
   cutlass::PipelineState<Traits::kStages> stage;
   storage.kv_full.wait(0);
+  // Variable-length batches: K and V rows past the sequence's used keys may hold anything, NaN
+  // included; masked scores give P = 0 there, but 0 · NaN would still reach dS (through dPᵀ =
+  // V·dOᵀ) and dQ (through K). Each consumer zeroes its own keys' rows; every dQ GEMM reads
+  // both consumers' K.
+  if (!kFixedOnly && !SeqView::fixed(args) && (n_block + 1) * Traits::kBlockN > view.seqlen_k) {
+    zero_tile_rows(sK(_, _, consumer), view.seqlen_k - key0, tid, 128);
+    zero_tile_rows(sV(_, _, consumer), view.seqlen_k - key0, tid, 128);
+    cutlass::arch::fence_view_async_shared();
+    named_barrier_sync(int(BwdBarrier::kDsReady), 128 * Traits::kConsumers);
+  }
   // kDeferDq (bwd_launch.h: hd 64 always, hd 128 for long loops): block t's dQ is issued one
   // block late, behind block t+1's dS, from both consumers' dS(t) in buffer t % 2. A consumer
   // then never waits for the other's dS of the block it is working on, so the two drift out of
@@ -268,7 +285,8 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
   }
 
   // Epilogue: dK (scaled) and dV into this consumer's K and V tiles, then TMA stores (clipped
-  // at seqlen_k). Every consumer's dQ GEMMs read all of K: wait for both first.
+  // at seqlen_k; row stores past a packed sequence's keys, bwd_tma.h). Every consumer's dQ
+  // GEMMs read all of K: wait for both first.
   CUTE_UNROLL
   for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= args.softmax_scale;
   bool store = true;
@@ -288,10 +306,8 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
     copy(dkv_copy, dkv_thr_copy.retile_S(dv), dkv_thr_copy.partition_D(sV(_, _, consumer)));
     cutlass::arch::fence_view_async_shared();
     named_barrier_sync(consumer_barrier, 128);
-    if (tid == 0) {
-      store_dkv_tile<Traits>(params, sK(_, _, consumer), sV(_, _, consumer),
-                             end_tile.n_block * Traits::kConsumers + consumer, end_tile.kv_head, end_tile.batch);
-    }
+    store_dkv_tile<Traits>(params, sK(_, _, consumer), sV(_, _, consumer),
+                           end_tile.n_block * Traits::kConsumers + consumer, end_tile.kv_head, end_tile.batch, tid, 128);
   }
   // Both consumers' dQ adds precede the kDsReady barrier above: count this CTA as done with
   // them (the fence waits here, at the CTA's end, in a warp that does not store dK and dV).

@@ -33,18 +33,24 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
   // -8.1 / -5.9 / -7.3 % time; -9 to -10 % at 8k-16k), so it always defers; hd 128 loses 2-3 %
   // at 8-16 blocks per CTA and defers from 24.
   constexpr bool kCanDeferDq = !Traits::kSplitsHeadDim && !Traits::kDqSplitKeys;
-  constexpr int kDeferDqMinBlocks = kHeadDim <= 64 ? 0 : 24;
+  constexpr int kDeferDqMinBlocks = bwd_defer_dq_min_blocks(kHeadDim);
   const int query_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
   const int blocks_per_cta = p.heads_per_kv * (p.causal ? (query_blocks + 1) / 2 : query_blocks);
+  const bool fixed = SeqView::fixed(p);  // else a variable-length batch (seq_view.h)
   auto kernel = &bwd_kernel<Traits>;
   if constexpr (kCanDeferDq) {
-    if (blocks_per_cta >= kDeferDqMinBlocks) kernel = &bwd_kernel<Traits, true>;
+    // Variable-length calls only where it is not compiled for fixed lengths alone (bwd_config.h).
+    if (blocks_per_cta >= kDeferDqMinBlocks && (fixed || !bwd_deferred_dq_fixed_only(kHeadDim, false)))
+      kernel = &bwd_kernel<Traits, true>;
   }
   // The score hook (softcap, ALiBi): one variant per head dim (deferred dQ where the head dim
-  // always defers).
+  // always defers), and one without the deferred dQ for variable lengths where the deferred one
+  // is fixed-length only.
   constexpr bool kHookDefersDq = kCanDeferDq && kDeferDqMinBlocks == 0;
   auto hooked_kernel = &bwd_kernel<Traits, kHookDefersDq, true>;
-  if (ScoreHook::of(p).active()) kernel = hooked_kernel;
+  constexpr bool kHookVarlenOwnKernel = kHookDefersDq && bwd_deferred_dq_fixed_only(kHeadDim, true);
+  auto hooked_varlen_kernel = &bwd_kernel<Traits, kHookDefersDq && !kHookVarlenOwnKernel, true>;
+  if (ScoreHook::of(p).active()) kernel = fixed ? hooked_kernel : hooked_varlen_kernel;
   constexpr int kSmem = Traits::kSmemBytes;
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return cuda_status(err, "cudaGetDevice");
@@ -85,6 +91,8 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
     }
     if (err == cudaSuccess)
       err = cudaFuncSetAttribute(hooked_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (kHookVarlenOwnKernel && err == cudaSuccess)
+      err = cudaFuncSetAttribute(hooked_varlen_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (err != cudaSuccess) return cuda_status(err, "cudaFuncSetAttribute (no sm90a kernel image for this GPU?)");
     if (device < kCachedDevices) prepared[device].store(true, std::memory_order_release);
   }
@@ -92,9 +100,11 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
   const BwdWorkspace workspace = bwd_workspace(p.batch, p.nheads, p.nheads_kv, p.seqlen_q, p.seqlen_k,
                                                kHeadDim, /*lse_log2=*/true, /*dq_accum=*/true,
                                                /*dq_ready=*/true, hopper_bwd_tail_split(has_band(p)));
-  // The last wave split (bwd_tail_split.h) where the workspace has room.
+  // The last wave split (bwd_tail_split.h) where the workspace has room; not in a variable-length
+  // batch, whose key blocks' work differs per sequence (seq_view.h).
+  const bool varlen = !fixed;
   constexpr bool kCanSplitTail = Traits::kBlockN <= kBwdChunkBlockN;
-  const int split_tiles_max = kCanSplitTail && p.split_done != nullptr
+  const int split_tiles_max = kCanSplitTail && p.split_done != nullptr && !varlen
                                   ? static_cast<int>(std::min<int64_t>(workspace.split_tiles, p.split_tiles_max))
                                   : 0;
   if (p.seqlen_q > 0) {
@@ -106,9 +116,16 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
   using namespace cute;
   BwdParams<Traits> kp{};
   kp.args = p;
+  // Variable-length batches (seq_view.h): a packed side's tensor maps span all its total rows as
+  // one batch (the host set its batch strides to 0); sequences are found by their starts.
+  const bool packed_q = p.cu_seqlens_q != nullptr, packed_k = p.cu_seqlens_k != nullptr;
+  const int q_rows = packed_q ? p.total_q : p.seqlen_q;
+  const int k_rows = std::max(packed_k ? p.total_k : p.seqlen_k, 1);  // read only while seqlen_k > 0
+  const int k_batches = packed_k ? 1 : p.batch;
   // No queries: the Q/dO descriptors still need a valid shape; no Q tile is ever loaded then.
-  const bool no_queries = p.seqlen_q == 0;
-  kp.tma_seqlen_q = no_queries ? 1 : p.seqlen_q;
+  const bool no_queries = p.seqlen_q == 0 || q_rows == 0;
+  kp.tma_seqlen_q = no_queries ? 1 : q_rows;
+  const int q_batches = no_queries ? k_batches : packed_q ? 1 : p.batch;
   const auto* q = static_cast<const Element*>(no_queries ? p.k : p.q);
   const auto* dout = static_cast<const Element*>(no_queries ? p.k : p.dout);
   const int64_t q_strides[3] = {no_queries ? p.k_row_stride : p.q_row_stride,
@@ -120,27 +137,30 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
   const int q_heads = no_queries ? p.nheads_kv : p.nheads;
   auto slayout_q = typename Traits::SmemLayoutQ{}(_, _, _0{});
   auto slayout_kv = typename Traits::SmemLayoutKV{}(_, _, _0{});
+  // The tensor maps span the call's head dim: loads fill the kernel's columns past it with
+  // zeros (they add nothing to S, dP, dQ), the dK/dV stores clip.
+  const int headdim = p.headdim;
   if (p.seqlen_k > 0) {
-    kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, tma_view(q, kp.tma_seqlen_q, kHeadDim, q_heads, p.batch, q_strides[0],
+    kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, tma_view(q, kp.tma_seqlen_q, headdim, q_heads, q_batches, q_strides[0],
                                                        q_strides[1], q_strides[2]),
                              slayout_q, typename Traits::TileQ{}, _1{});
-    kp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, tma_view(dout, kp.tma_seqlen_q, kHeadDim, q_heads, p.batch,
+    kp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, tma_view(dout, kp.tma_seqlen_q, headdim, q_heads, q_batches,
                                                         do_strides[0], do_strides[1], do_strides[2]),
                               slayout_q, typename Traits::TileQ{}, _1{});
-    kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, tma_view(static_cast<const Element*>(p.k), p.seqlen_k, kHeadDim,
-                                                       p.nheads_kv, p.batch, p.k_row_stride, p.k_head_stride,
+    kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, tma_view(static_cast<const Element*>(p.k), k_rows, headdim,
+                                                       p.nheads_kv, k_batches, p.k_row_stride, p.k_head_stride,
                                                        p.k_batch_stride),
                              slayout_kv, typename Traits::TileKV{}, _1{});
-    kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, tma_view(static_cast<const Element*>(p.v), p.seqlen_k, kHeadDim,
-                                                       p.nheads_kv, p.batch, p.v_row_stride, p.v_head_stride,
+    kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, tma_view(static_cast<const Element*>(p.v), k_rows, headdim,
+                                                       p.nheads_kv, k_batches, p.v_row_stride, p.v_head_stride,
                                                        p.v_batch_stride),
                              slayout_kv, typename Traits::TileKV{}, _1{});
-    kp.tma_dk = make_tma_copy(SM90_TMA_STORE{}, tma_view(static_cast<Element*>(p.dk), p.seqlen_k, kHeadDim,
-                                                         p.nheads_kv, p.batch, p.dk_row_stride, p.dk_head_stride,
+    kp.tma_dk = make_tma_copy(SM90_TMA_STORE{}, tma_view(static_cast<Element*>(p.dk), k_rows, headdim,
+                                                         p.nheads_kv, k_batches, p.dk_row_stride, p.dk_head_stride,
                                                          p.dk_batch_stride),
                               slayout_kv, typename Traits::TileKV{}, _1{});
-    kp.tma_dv = make_tma_copy(SM90_TMA_STORE{}, tma_view(static_cast<Element*>(p.dv), p.seqlen_k, kHeadDim,
-                                                         p.nheads_kv, p.batch, p.dv_row_stride, p.dv_head_stride,
+    kp.tma_dv = make_tma_copy(SM90_TMA_STORE{}, tma_view(static_cast<Element*>(p.dv), k_rows, headdim,
+                                                         p.nheads_kv, k_batches, p.dv_row_stride, p.dv_head_stride,
                                                          p.dv_batch_stride),
                               slayout_kv, typename Traits::TileKV{}, _1{});
   }
@@ -155,7 +175,7 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
     const double convert_blocks = 0.7 * double(count) * p.heads_per_kv * p.seqlen_q_padded * kHeadDim / 8192.0;
     kp.split = plan_tail_split(key_blocks, key_blocks * count, p.heads_per_kv * query_blocks, sms, split_tiles_max,
                                convert_blocks);
-    if (p.causal && !MaskPolicy::of(p).bounds_left()) {  // the causal triangle's costs
+    if (p.causal && !MaskPolicy::of(p).bounds_left() && !varlen) {  // the causal triangle's costs
       const long long pair_bytes =
           (long long)p.heads_per_kv * p.seqlen_q_padded * kHeadDim * (2 * sizeof(Element) + sizeof(float));
       plan_causal_tail(kp.split, count, sms, pair_bytes);

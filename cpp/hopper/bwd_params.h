@@ -5,8 +5,10 @@
 #include <cute/config.hpp>
 
 #include "bwd_tail_split.h"
+#include "hopper/seq_rows.h"
 #include "kernel_params.h"
 #include "mask.h"
+#include "seq_view.h"
 
 namespace flashcute::hopper {
 
@@ -19,7 +21,9 @@ struct BwdParams {
   typename Traits::TmaKV tma_v;
   typename Traits::TmaDkv tma_dk;
   typename Traits::TmaDkv tma_dv;
-  int tma_seqlen_q;  // seqlen_q, or 1 when there are no queries (a TMA dimension cannot be 0)
+  // Rows of Q's and dO's tensor maps: seqlen_q, total_q where queries are packed
+  // (cu_seqlens_q), or 1 when there are none (a TMA dimension cannot be 0).
+  int tma_seqlen_q;
   int pair_begin;    // first (batch, kv head) pair of this launch's dq_accum chunk
   BwdTailSplit split;  // CTA -> tile (and part) of this launch
 };
@@ -35,6 +39,8 @@ struct BwdTile {
 
 // The work of CTA `cta`. Tiles go pair by pair, key blocks in order (causal: low key blocks
 // meet the most rows and start first; the last pairs key block by key block, plan_causal_tail).
+// In a variable-length batch the query blocks are those of the pair's sequence (seq_view.h); a
+// key block past the sequence's keys meets none.
 template <class Traits>
 CUTE_DEVICE BwdTile bwd_tile(BwdParams<Traits> const& params, int cta) {
   const BwdKernelParams& args = params.args;
@@ -46,7 +52,8 @@ CUTE_DEVICE BwdTile bwd_tile(BwdParams<Traits> const& params, int cta) {
   tile.batch = pair / args.nheads_kv;
   tile.kv_head = pair % args.nheads_kv;
   const QueryBlockRange range =
-      query_block_range<Traits::kBlockM, Traits::kBlockN>(MaskPolicy::of(args), tile.n_block * Traits::kBlockN);
+      query_block_range<Traits::kBlockM, Traits::kBlockN>(SeqView::of(args, tile.batch).mask(args),
+                                                          tile.n_block * Traits::kBlockN);
   const int blocks = args.heads_per_kv * range.count();
   tile.split = work.split;
   tile.block_begin = work.split < 0 ? 0 : part_block_begin(blocks, work.part, params.split.parts);

@@ -3,7 +3,8 @@
 // K and V of the CTA's key block once (one transaction barrier), then per (head of the GQA
 // group, query block) of the CTA's share of the walk (BwdTile) a Q stage and a dO stage, each
 // a TMA tile plus a bulk copy of the block's lse_log2 (or row_dot) values from the padded
-// workspace onto the same barrier.
+// workspace onto the same barrier. In a variable-length batch Q, dO, K and V are read at the
+// sequence's start (seq_view.h; packed sides); the workspace rows stay per sequence.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -11,6 +12,7 @@
 
 #include "hopper/bwd_params.h"
 #include "mask.h"
+#include "seq_view.h"
 
 namespace flashcute::hopper {
 
@@ -38,10 +40,14 @@ CUTE_DEVICE void produce_bwd(BwdParams<Traits> const& params, typename Traits::S
   auto tma_k = params.tma_k.get_slice(_0{});
   auto tma_v = params.tma_v.get_slice(_0{});
 
+  const SeqView view = SeqView::of(args, batch);
   // K and V: kKeyTiles tiles of 64 keys.
   {
-    Tensor tKgK = tma_k.partition_S(local_tile(mK(_, _, kv_head, batch), typename Traits::TileKV{}, make_coord(_, _0{})));
-    Tensor tVgV = tma_v.partition_S(local_tile(mV(_, _, kv_head, batch), typename Traits::TileKV{}, make_coord(_, _0{})));
+    const int k_batch = tma_batch(args.cu_seqlens_k, batch);
+    Tensor tKgK = tma_k.partition_S(local_tile(domain_offset(make_coord(view.k_start, _0{}), mK(_, _, kv_head, k_batch)),
+                                               typename Traits::TileKV{}, make_coord(_, _0{})));
+    Tensor tVgV = tma_v.partition_S(local_tile(domain_offset(make_coord(view.k_start, _0{}), mV(_, _, kv_head, k_batch)),
+                                               typename Traits::TileKV{}, make_coord(_, _0{})));
     Tensor tKsK = tma_k.partition_D(sK);
     Tensor tVsV = tma_v.partition_D(sV);
     storage.kv_full.arrive_and_expect_tx(Traits::kKVBytes);
@@ -56,7 +62,8 @@ CUTE_DEVICE void produce_bwd(BwdParams<Traits> const& params, typename Traits::S
   Tensor tQsQ = tma_q.partition_D(sQ);     // (TMA, ..., stage)
   Tensor tdOsdO = tma_do.partition_D(sdO);
   const QueryBlockRange range =
-      query_block_range<kBlockM, Traits::kBlockN>(MaskPolicy::of(args), n_block * Traits::kBlockN);
+      query_block_range<kBlockM, Traits::kBlockN>(view.mask(args), n_block * Traits::kBlockN);
+  const int q_batch = tma_batch(args.cu_seqlens_q, batch);
   auto q_state = cutlass::make_producer_start_state<PipelineQ>();
   auto do_state = cutlass::make_producer_start_state<typename Traits::PipelineDo>();
   const int count = range.count();
@@ -64,8 +71,10 @@ CUTE_DEVICE void produce_bwd(BwdParams<Traits> const& params, typename Traits::S
     const int g = t / count;
     const int h = kv_head * args.heads_per_kv + g;
     const int i_end = min(count, tile.block_end - g * count);
-    Tensor tQgQ = tma_q.partition_S(local_tile(mQ(_, _, h, batch), typename Traits::TileQ{}, make_coord(_, _0{})));
-    Tensor tdOgdO = tma_do.partition_S(local_tile(mdO(_, _, h, batch), typename Traits::TileQ{}, make_coord(_, _0{})));
+    Tensor tQgQ = tma_q.partition_S(local_tile(domain_offset(make_coord(view.q_start, _0{}), mQ(_, _, h, q_batch)),
+                                               typename Traits::TileQ{}, make_coord(_, _0{})));
+    Tensor tdOgdO = tma_do.partition_S(local_tile(domain_offset(make_coord(view.q_start, _0{}), mdO(_, _, h, q_batch)),
+                                                  typename Traits::TileQ{}, make_coord(_, _0{})));
     const int64_t rows = (int64_t(batch) * args.nheads + h) * args.seqlen_q_padded;
     // Not unrolled: unrolled copies of this loop do not fit in the producer's 24 registers.
     CUTE_NO_UNROLL

@@ -108,7 +108,8 @@ CUTE_DEVICE void consume_bwd_wide(BwdParams<Traits> const& params, typename Trai
   constexpr int kScoreRows = decltype(size<0>(offsets_rc))::value;
   const int thread_row = get<0>(thr_sdp.partition_C(cS)(0));
   const int thread_key = consumer * kKeys + get<1>(thr_sdp.partition_C(cS)(0));  // in the block
-  const MaskPolicy mask = MaskPolicy::of(args);
+  const SeqView view = SeqView::of(args, batch);  // the pair's sequence (seq_view.h)
+  const MaskPolicy mask = view.mask(args);
   const ScoreHook hook = ScoreHook::of(args);
   const int key0 = n_block * kBlockN;
   const QueryBlockRange range = query_block_range<kBlockM, kBlockN>(mask, key0);
@@ -118,6 +119,15 @@ CUTE_DEVICE void consume_bwd_wide(BwdParams<Traits> const& params, typename Trai
   cutlass::PipelineState<kDoStages> do_state;
   bool release_pending = false;
   storage.kv_full.wait(0);
+  // Variable-length batches: K and V rows past the sequence's used keys may hold anything, NaN
+  // included, and 0 · NaN would reach dS and dQ (bwd_consumer.h): zeroed by both consumers.
+  if (!SeqView::fixed(args) && key0 + kBlockN > view.seqlen_k) {
+    const int thread = consumer * 128 + tid;
+    zero_tile_rows(sK(_, _, _0{}), view.seqlen_k - key0, thread, 128 * Traits::kConsumers);
+    zero_tile_rows(sV(_, _, _0{}), view.seqlen_k - key0, thread, 128 * Traits::kConsumers);
+    cutlass::arch::fence_view_async_shared();
+    named_barrier_sync(int(BwdBarrier::kDsReady), 128 * Traits::kConsumers);
+  }
   int buffer = 0;
   // This CTA's blocks, head by head: block i of the key block's range, of head g of the group.
   const int count = range.count();
@@ -224,7 +234,8 @@ CUTE_DEVICE void consume_bwd_wide(BwdParams<Traits> const& params, typename Trai
   if (release_pending) pipeline_q.consumer_release(q_release);
 
   // Epilogue: this consumer's columns of dK (scaled) and dV, transposed into K's and V's
-  // (keys, hd) tiles, then one thread stores both whole tiles with TMA (clipped at seqlen_k).
+  // (keys, hd) tiles, then one thread stores both whole tiles with TMA (clipped at seqlen_k;
+  // row stores past a packed sequence's keys, bwd_tma.h).
   CUTE_UNROLL
   for (int e = 0; e < size(acc_dk); ++e) acc_dk(e) *= args.softmax_scale;
   bool store = true;
@@ -248,9 +259,8 @@ CUTE_DEVICE void consume_bwd_wide(BwdParams<Traits> const& params, typename Trai
          dkv_thr_copy.partition_D(local_tile(sVt(_, _, _0{}), tile_dkv, make_coord(consumer, _0{}))));
     cutlass::arch::fence_view_async_shared();
     named_barrier_sync(int(BwdBarrier::kDsReady), 128 * Traits::kConsumers);
-    if (consumer == 0 && tid == 0)
-      store_dkv_tile<Traits>(params, sK(_, _, _0{}), sV(_, _, _0{}), end_tile.n_block, end_tile.kv_head,
-                             end_tile.batch);
+    store_dkv_tile<Traits>(params, sK(_, _, _0{}), sV(_, _, _0{}), end_tile.n_block, end_tile.kv_head,
+                           end_tile.batch, consumer * 128 + tid, 128 * Traits::kConsumers);
   }
   // Both consumers' dQ adds precede the barriers above: count this CTA as done with them (the
   // fence waits here, at the CTA's end, while the other consumer's thread stores dK and dV).

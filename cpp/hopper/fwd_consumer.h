@@ -13,7 +13,8 @@
 // that none of a consumer's rows can see are skipped by that consumer alone. A piece of a
 // split tile (fwd_tail_split.h) runs its own key blocks and leaves its state; the CTA whose
 // piece finishes a tile merges and stores it once its own pieces are done (few-row tiles: all
-// consumer threads together, without the epilogue).
+// consumer threads together, without the epilogue). In a variable-length batch the mask is
+// the tile's sequence's (seq_view.h).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -23,10 +24,12 @@
 #include "hopper/fwd_params.h"
 #include "hopper/fwd_split_pieces.h"
 #include "hopper/named_barriers.h"
+#include "hopper/seq_rows.h"
 #include "hopper/wgmma.h"
 #include "mask.h"
 #include "online_softmax.h"
 #include "score_hook.h"
+#include "seq_view.h"
 
 namespace flashcute::hopper {
 
@@ -67,7 +70,6 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
   Tensor score_offsets_rc = make_tensor(tScS0.data(), rowcol_layout(tScS0.layout()));
   const int thread_row = get<0>(thr_qk.partition_C(cS)(0));
   const int thread_col = get<1>(thr_qk.partition_C(cS)(0));
-  const MaskPolicy mask = MaskPolicy::of(args);
   const ScoreHook hook = ScoreHook::of(args);
   // Whether this thread's warp (16 of the consumer's rows) has query rows in [0, seqlen_q):
   // pieces of split tiles leave and merge no state for warps without.
@@ -85,19 +87,23 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
   turns.start();
   FwdEpilogue<Traits> epilogue(params, storage, consumer);
   cutlass::PipelineState<Traits::kStages> k_state, v_state;
-  int iteration = 0;
+  int iteration = 0;  // tiles run (a variable-length batch skips those past their sequence)
   unsigned split_last = 0;  // bit p: this CTA counted piece p of its split tiles last
   TileWalk walk(params.schedule);
-  for (; walk.valid(); walk.advance(), ++iteration) {
+  for (; walk.valid(); walk.advance()) {
     const FwdTile tile = walk.tile();
     const int row0 = tile_row0(params, tile.m_block);
+    // The tile's sequence (seq_view.h): a tile past its query rows runs nothing (nor loads).
+    const SeqView view = SeqView::of(args, tile.batch);
+    if (row0 >= view.seqlen_q) continue;
+    const MaskPolicy mask = view.mask(args);
     KeyBlockRange range = key_block_range<kBlockN>(mask, row0, Traits::kBlockM);
     // This consumer's own rows may see fewer key blocks than the tile's (causal diagonal,
     // window, rows outside [0, seqlen_q)): it skips their GEMMs but still takes its turns and
     // frees their stages, before its blocks ([mine.n_end, range.n_end)) and after them
     // ([n_begin, mine_begin)).
     const int consumer_row0 = row0 + consumer * kRows;
-    KeyBlockRange mine = consumer_row0 >= args.seqlen_q || consumer_row0 + kRows <= 0
+    KeyBlockRange mine = consumer_row0 >= view.seqlen_q || consumer_row0 + kRows <= 0
                              ? KeyBlockRange{0, 0, 0, 0}
                              : key_block_range<kBlockN>(mask, consumer_row0, kRows);
     // A piece of a split tile: its key blocks [key_begin, key_end) only.
@@ -151,6 +157,17 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
         warpgroup_wait<0>();
         scores_done(acc_s, n, mine.needs_mask(n), correction);  // acc_o is still zero
         convert_fragment_into(acc_s, p_regs);
+      }
+      // Variable-length batches: V rows past the sequence's used keys (the next sequence's, or
+      // unused cache slots) may hold anything, NaN included, and 0 · NaN would reach O. Only
+      // the first block a consumer computes can hold such rows; it zeroes them before its P·V.
+      if (!SeqView::fixed(args) && (n + 1) * kBlockN > view.seqlen_k) {
+        // All 128 threads of this consumer; other consumers may write the same zeros.
+        pipeline_v.consumer_wait(v_state);
+        Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});
+        zero_tile_rows(sV(_, _, v_state.index()), view.seqlen_k - n * kBlockN, tid, 128);
+        cutlass::arch::fence_view_async_shared();
+        epilogue_barrier_sync(consumer);
       }
       // One key block: S(n) = Q·K(n)ᵀ issued with P(n+1)·V(n+1), softmax of S(n) meanwhile.
       auto step = [&](int n, auto masked) {
@@ -232,11 +249,13 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
       if constexpr (Traits::kOAliasesQ) {
         if (tid == 0) storage.q_empty.arrive();  // no O was staged in Q's buffer
       }
+      ++iteration;
       continue;
     }
     float lse[kThreadRows];
     softmax.finalize(acc_o_rc, lse);
     epilogue.store(acc_o, lse, tile, consumer_row0, thr_pv);
+    ++iteration;
   }
   // Split tiles this CTA counted last: merged from every piece's state, stored as above.
   for (int piece = 0; piece < walk.pieces; ++piece) {

@@ -1,8 +1,10 @@
 // Epilogue of a Hopper-path consumer: O (already normalized) goes registers -> shared memory
 // (stmatrix) -> global memory (one TMA store per consumer's 64 rows, clipped at seqlen_q by
 // the tensor map; none for rows before 0; packed query heads: fwd_packed_heads.h); LSE is
-// written from registers. Where O is staged in V's or Q's buffer, the epilogue also tells the
-// producer when that buffer may be loaded again.
+// written from registers. Packed variable-length queries (cu_seqlens_q): the rows past a
+// sequence belong to the next one, so a block that reaches past its sequence is stored row
+// by row from shared memory instead. Where O is staged in V's or Q's buffer, the epilogue
+// also tells the producer when that buffer may be loaded again.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -11,6 +13,8 @@
 #include "fragment_views.h"
 #include "hopper/fwd_params.h"
 #include "hopper/named_barriers.h"
+#include "hopper/seq_rows.h"
+#include "seq_view.h"
 
 namespace flashcute::hopper {
 
@@ -61,7 +65,17 @@ struct FwdEpilogue {
     else epilogue_barrier_sync(consumer);
     copy(smem_copy, smem_thr_copy.retile_S(o), smem_thr_copy.partition_D(sO));
     cutlass::arch::fence_view_async_shared();  // generic-proxy writes visible to the TMA
+    // The tile's sequence (seq_view.h), once O has left the registers.
+    const SeqView view = SeqView::of(args, tile.batch);
+    // Packed queries whose block reaches past the sequence: rows stored one by one.
+    const bool row_stores = args.cu_seqlens_q != nullptr && row0 + Traits::kRowsPerConsumer > view.seqlen_q;
     epilogue_barrier_sync(consumer);
+    if (row_stores) {  // no packed query heads here (a variable-length batch never packs them)
+      Element* out = static_cast<Element*>(args.out) + tile.batch * args.out_batch_stride +
+                     tile.head * args.out_head_stride + int64_t(view.q_start + row0) * args.out_row_stride;
+      store_tile_rows(sO, out, args.out_row_stride, view.seqlen_q - row0, args.headdim, tid, 128);
+      epilogue_barrier_sync(consumer);  // the buffer is read: free for the next tile (as after a TMA store)
+    }
     if (tid == 0) {
       if (params.packed_heads > 1) {  // query rows row0 / G.. of the group's heads (fwd_packed_heads.h)
         if constexpr (kPacksQueryHeads<Traits>) {
@@ -70,9 +84,10 @@ struct FwdEpilogue {
             SM90_TMA_STORE_5D::copy(&params.tma_o_packed, o_buffer() + packed_box_offset<Traits>(consumer, col), col,
                                     0, row0 / params.packed_heads, tile.head, tile.batch);
         }
-      } else if (row0 >= 0) {  // rows before 0 (a shifted first tile) are padding, never stored
+      } else if (row0 >= 0 && !row_stores) {  // rows before 0 (a shifted first tile) are padding, never stored
         Tensor mO = params.tma_o.get_tma_tensor(make_shape(args.seqlen_q, int(Traits::kHeadDim), args.nheads, args.batch));
-        Tensor gO = local_tile(domain_offset(make_coord(row0, _0{}), mO(_, _, tile.head, tile.batch)),
+        Tensor gO = local_tile(domain_offset(make_coord(view.q_start + row0, _0{}),
+                                             mO(_, _, tile.head, tma_batch(args.cu_seqlens_q, tile.batch))),
                                typename Traits::TileQ{}, make_coord(_0{}, _0{}));
         auto tma_o = params.tma_o.get_slice(_0{});
         copy(params.tma_o, tma_o.partition_S(sO), tma_o.partition_D(gO));
@@ -85,13 +100,13 @@ struct FwdEpilogue {
     }
 
     if (args.lse != nullptr && tid % 4 == 0) {
-      float* lse_base = args.lse + tile.batch * args.lse_batch_stride;
+      float* lse_base = args.lse + tile.batch * args.lse_batch_stride + view.q_start;
       Tensor tOcO = thr_pv.partition_C(make_identity_tensor(typename Traits::TileQ{}));
       Tensor tOcO_rc = make_tensor(tOcO.data(), rowcol_layout(tOcO.layout()));
       CUTE_UNROLL
       for (int r = 0; r < kThreadRows; ++r) {
         const int row = row0 + get<0>(tOcO_rc(r, 0));
-        if (row < 0 || row >= args.seqlen_q) continue;
+        if (row < 0 || row >= view.seqlen_q) continue;
         const QueryRowOf query = query_row_of(params, tile.head, row);
         lse_base[query.head * args.lse_head_stride + query.row] = lse[r];
       }

@@ -119,9 +119,16 @@ Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
   using namespace cute;
   FwdParams<Traits> kp{};
   kp.args = p;
+  // Variable-length batches (seq_view.h): a packed side's tensor map spans all its total rows
+  // as one batch (the host set its batch strides to 0); sequences are found by their starts.
+  const bool packed_q = p.cu_seqlens_q != nullptr, packed_k = p.cu_seqlens_k != nullptr;
+  const int q_rows = std::max(packed_q ? p.total_q : call.seqlen_q, 1);
+  const int q_batches = packed_q ? 1 : p.batch;
   // No keys: the K/V descriptors still need a valid shape; no K/V tile is ever loaded then.
-  const bool no_keys = p.seqlen_k == 0;
-  kp.tma_seqlen_k = no_keys ? 1 : p.seqlen_k;
+  const int k_rows = packed_k ? p.total_k : p.seqlen_k;
+  const bool no_keys = p.seqlen_k == 0 || k_rows == 0;
+  kp.tma_seqlen_k = no_keys ? 1 : k_rows;
+  const int k_batches = no_keys ? q_batches : packed_k ? 1 : p.batch;
   const auto* q = static_cast<const Element*>(p.q);
   const auto* k = no_keys ? q : static_cast<const Element*>(p.k);
   const auto* v = no_keys ? q : static_cast<const Element*>(p.v);
@@ -135,26 +142,29 @@ Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
   kp.nheads_kv = kv_heads;
   auto slayout_q = typename Traits::SmemLayoutQ{}(_, _, _0{});
   auto slayout_kv = typename Traits::SmemLayoutKV{}(_, _, _0{});
-  kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, tma_view(q, call.seqlen_q, kHeadDim, call.nheads, p.batch,
+  // The tensor maps span the call's head dim: loads fill the kernel's columns past it with
+  // zeros (they add nothing to Q·Kᵀ, and give O columns that are never stored), stores clip.
+  const int headdim = p.headdim;
+  kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, tma_view(q, q_rows, headdim, call.nheads, q_batches,
                                                      p.q_row_stride, p.q_head_stride, p.q_batch_stride),
                            slayout_q, typename Traits::TileQ{}, _1{});
-  kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, tma_view(k, kp.tma_seqlen_k, kHeadDim, kv_heads, p.batch,
+  kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, tma_view(k, kp.tma_seqlen_k, headdim, kv_heads, k_batches,
                                                      k_strides[0], k_strides[1], k_strides[2]),
                            slayout_kv, typename Traits::TileKV{}, _1{});
-  kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, tma_view(v, kp.tma_seqlen_k, kHeadDim, kv_heads, p.batch,
+  kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, tma_view(v, kp.tma_seqlen_k, headdim, kv_heads, k_batches,
                                                      v_strides[0], v_strides[1], v_strides[2]),
                            slayout_kv, typename Traits::TileKV{}, _1{});
-  kp.tma_o = make_tma_copy(SM90_TMA_STORE{}, tma_view(static_cast<Element*>(p.out), call.seqlen_q, kHeadDim,
-                                                      call.nheads, p.batch, p.out_row_stride, p.out_head_stride,
+  kp.tma_o = make_tma_copy(SM90_TMA_STORE{}, tma_view(static_cast<Element*>(p.out), q_rows, headdim,
+                                                      call.nheads, q_batches, p.out_row_stride, p.out_head_stride,
                                                       p.out_batch_stride),
                            slayout_q, typename Traits::TileQ{}, _1{});
   kp.packed_heads = packed;
   if (packed > 1) {
-    if (Status s = encode_packed_rows<Element>(&kp.tma_q_packed, q, kHeadDim, packed, call.seqlen_q, kv_heads, p.batch,
+    if (Status s = encode_packed_rows<Element>(&kp.tma_q_packed, q, headdim, packed, call.seqlen_q, kv_heads, p.batch,
                                                p.q_row_stride, p.q_head_stride, p.q_batch_stride);
         !s.ok())
       return s;
-    if (Status s = encode_packed_rows<Element>(&kp.tma_o_packed, p.out, kHeadDim, packed, call.seqlen_q, kv_heads,
+    if (Status s = encode_packed_rows<Element>(&kp.tma_o_packed, p.out, headdim, packed, call.seqlen_q, kv_heads,
                                                p.batch, p.out_row_stride, p.out_head_stride, p.out_batch_stride);
         !s.ok())
       return s;
@@ -163,14 +173,16 @@ Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
   const int num_m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
   if (int64_t(num_m_blocks) * p.nheads * p.batch > std::numeric_limits<int>::max())
     return make_status(StatusCode::kNotSupported, "hopper path: more than 2^31 query tiles");
-  const int group_size = head_group_size(p, Traits::kBlockM, kHeadDim, sizeof(Element), l2_bytes);
+  const int group_size = head_group_size(p, Traits::kBlockM, p.headdim, sizeof(Element), l2_bytes);
   const bool partial_last_tile = p.seqlen_q % Traits::kBlockM != 0;
   // Causal: the query tiles start up to kBlockM - 64 rows before row 0, in whole consumer blocks,
   // so that the consumers a partial tile leaves idle sit in the first tile (the fewest keys), not
   // the last (the most). TMA boxes then start at row 0 or later, or are skipped.
   const int missing_rows = partial_last_tile ? Traits::kBlockM - p.seqlen_q % Traits::kBlockM : 0;
-  // Pairs balance the causal triangle; a window's tiles cost about the same each.
-  const bool paired = p.causal && !MaskPolicy::of(p).bounds_left();
+  // Pairs balance the causal triangle; a window's tiles cost about the same each. Not with
+  // variable lengths: the pairs' costs differ per sequence, and the row shift would move
+  // every sequence's tiles by the longest one's remainder.
+  const bool paired = p.causal && !MaskPolicy::of(p).bounds_left() && SeqView::fixed(p);
   kp.row_shift = paired ? missing_rows / Traits::kRowsPerConsumer * Traits::kRowsPerConsumer : 0;
   kp.schedule = TileSchedule::make(num_m_blocks, p.nheads, p.batch, group_size, paired, partial_last_tile);
   int grid = std::min(kp.schedule.num_units, sm_count);

@@ -4,8 +4,10 @@
 #pragma once
 
 #include "hopper/fwd_traits.h"
+#include "hopper/seq_rows.h"
 #include "hopper/tile_scheduler.h"
 #include "kernel_params.h"
+#include "seq_view.h"
 
 namespace flashcute::hopper {
 
@@ -17,7 +19,9 @@ struct FwdParams {
   typename Traits::TmaKV tma_v;
   typename Traits::TmaO tma_o;
   TileSchedule schedule;
-  int tma_seqlen_k;  // seqlen_k, or 1 when there are no keys (a TMA dimension cannot be 0)
+  // Rows of K/V's tensor maps: seqlen_k, total_k where keys are packed (cu_seqlens_k), or 1
+  // when there are none (a TMA dimension cannot be 0).
+  int tma_seqlen_k;
   // Causal: query tiles start this many rows (whole 64-row consumer blocks) before row 0, so a
   // partial tile is the first, the one that sees the fewest keys, not the last (tile_row0).
   int row_shift;

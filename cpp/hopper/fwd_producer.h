@@ -5,13 +5,16 @@
 // behind V of block n. Where O is staged in V's buffer, the first V load of a tile waits for
 // the previous tile's O stores. With packed query heads, Q comes through its own tensor map
 // (fwd_packed_heads.h). Key blocks go from the last to the first, as the consumers visit
-// them; a piece of a split tile (tile_scheduler.h) loads its own key blocks only.
+// them; a piece of a split tile (tile_scheduler.h) loads its own key blocks only. In a
+// variable-length batch a tile's rows and keys are its sequence's (seq_view.h): packed sides
+// are read at the sequence's start, and tiles past the sequence's query rows are skipped.
 #pragma once
 
 #include <cute/tensor.hpp>
 
 #include "hopper/fwd_params.h"
 #include "mask.h"
+#include "seq_view.h"
 
 namespace flashcute::hopper {
 
@@ -40,23 +43,28 @@ CUTE_DEVICE void produce_fwd(FwdParams<Traits> const& params, typename Traits::S
 
   auto k_state = cutlass::make_producer_start_state<PipelineKV>();
   auto v_state = cutlass::make_producer_start_state<PipelineKV>();
-  int iteration = 0;
-  for (TileWalk walk(params.schedule); walk.valid(); walk.advance(), ++iteration) {
+  int iteration = 0;  // tiles run (a variable-length batch skips those past their sequence)
+  for (TileWalk walk(params.schedule); walk.valid(); walk.advance()) {
     const FwdTile tile = walk.tile();
+    const SeqView view = SeqView::of(args, tile.batch);
+    const int row0 = tile_row0(params, tile.m_block);
+    if (row0 >= view.seqlen_q) continue;  // the consumers skip it too
     const int kv_head = tile.head / args.heads_per_kv;
-    const KeyBlockRange range = key_block_range<kBlockN>(MaskPolicy::of(args), tile_row0(params, tile.m_block),
-                                                         Traits::kBlockM);
+    const KeyBlockRange range = key_block_range<kBlockN>(view.mask(args), row0, Traits::kBlockM);
     // A piece of a split tile: its key blocks only.
     const int n_begin = cute::max(range.n_begin, tile.key_begin);
     const int n_end = range.n_end < tile.key_end ? range.n_end : tile.key_end;
     // (TMA, ..., 64-row block): block b starts at row 64 b - row_shift
-    Tensor tQgQ = tma_q.partition_S(local_tile(domain_offset(make_coord(-params.row_shift, _0{}),
-                                                             mQ(_, _, tile.head, tile.batch)),
+    // Packed sides: the sequence's rows start at q_start / k_start of one batch (seq_view.h).
+    const int q_batch = tma_batch(args.cu_seqlens_q, tile.batch);
+    const int k_batch = tma_batch(args.cu_seqlens_k, tile.batch);
+    Tensor tQgQ = tma_q.partition_S(local_tile(domain_offset(make_coord(view.q_start - params.row_shift, _0{}),
+                                                             mQ(_, _, tile.head, q_batch)),
                                                typename Traits::TileQ{}, make_coord(_, _0{})));
-    Tensor tKgK = tma_k.partition_S(local_tile(mK(_, _, kv_head, tile.batch), typename Traits::TileKV{},
-                                               make_coord(_, _0{})));  // (TMA, ..., key block)
-    Tensor tVgV = tma_v.partition_S(local_tile(mV(_, _, kv_head, tile.batch), typename Traits::TileKV{},
-                                               make_coord(_, _0{})));
+    Tensor tKgK = tma_k.partition_S(local_tile(domain_offset(make_coord(view.k_start, _0{}), mK(_, _, kv_head, k_batch)),
+                                               typename Traits::TileKV{}, make_coord(_, _0{})));  // (TMA, ..., key block)
+    Tensor tVgV = tma_v.partition_S(local_tile(domain_offset(make_coord(view.k_start, _0{}), mV(_, _, kv_head, k_batch)),
+                                               typename Traits::TileKV{}, make_coord(_, _0{})));
     auto load_k = [&](int n) {
       pipeline_k.producer_acquire(k_state);
       copy(params.tma_k.with(*pipeline_k.producer_get_barrier(k_state)), tKgK(_, _, _, n),
@@ -115,6 +123,7 @@ CUTE_DEVICE void produce_fwd(FwdParams<Traits> const& params, typename Traits::S
     }
     if (n == n_begin) load_v(n);
     wait_o_buffer();  // tiles without key blocks still complete a phase
+    ++iteration;
   }
 }
 

@@ -221,8 +221,10 @@ CUTE_DEVICE void merge_few_rows(FwdParams<Traits> const& params, FwdTile const& 
                    query.head * args.out_head_stride + query.row * args.out_row_stride + 16 * k + 2 * quad_lane;
     alignas(4) Element pair[2][2] = {{Element(acc.x * inv), Element(acc.y * inv)},
                                      {Element(acc.z * inv), Element(acc.w * inv)}};
-    *reinterpret_cast<uint32_t*>(out) = *reinterpret_cast<const uint32_t*>(pair[0]);
-    *reinterpret_cast<uint32_t*>(out + 8) = *reinterpret_cast<const uint32_t*>(pair[1]);
+    // Only the call's columns (a multiple of 8: a pair is written whole or not at all).
+    const int col = 16 * k + 2 * quad_lane;
+    if (col < args.headdim) *reinterpret_cast<uint32_t*>(out) = *reinterpret_cast<const uint32_t*>(pair[0]);
+    if (col + 8 < args.headdim) *reinterpret_cast<uint32_t*>(out + 8) = *reinterpret_cast<const uint32_t*>(pair[1]);
     if (k == 0 && quad_lane == 0 && args.lse != nullptr)
       args.lse[tile.batch * args.lse_batch_stride + query.head * args.lse_head_stride + query.row] =
           row_lse(row_max * args.scale_log2, sum);

@@ -17,15 +17,17 @@ struct FwdSplitPlan {
   FwdSplitWorkspace workspace;
 };
 
-// Only without a causal or window band (every tile has the same work) and with keys to split.
-// The plan is the packed call's (fwd_packed_heads.h) where query heads are packed.
+// Only without a causal or window band (every tile has the same work), with keys to split and
+// in a fixed-length batch (a variable-length one's tiles differ per sequence).
+// The plan is the packed call's (fwd_packed_heads.h) where query heads are packed. `headdim`:
+// the kernel's, which sets the tile and the pieces' state (the call's may be smaller).
 inline FwdSplitPlan plan_fwd_split(const FwdKernelParams& call, int headdim, int sms) {
   FwdSplitPlan plan;
   const FwdTileSize tile =
       fwd_tile_size(headdim, fwd_second_tile(headdim, call.seqlen_q, call.seqlen_k, call.causal));
   const int block_m = 64 * tile.consumers;
   const FwdKernelParams p = fwd_packed_view(call, fwd_packed_heads(call, headdim, block_m));
-  if (tile.consumers == 0 || has_band(p) || p.seqlen_q <= 0 || p.seqlen_k <= 0 || p.batch <= 0 || p.nheads <= 0)
+  if (tile.consumers == 0 || has_band(p) || fwd_varlen(p) || p.seqlen_q <= 0 || p.seqlen_k <= 0 || p.batch <= 0 || p.nheads <= 0)
     return plan;
   const long long units = static_cast<long long>((p.seqlen_q + block_m - 1) / block_m) * p.nheads * p.batch;
   if (units > INT_MAX) return plan;

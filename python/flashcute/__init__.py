@@ -2,8 +2,11 @@
 
 ``flashcute.attention`` takes torch, cupy or jax tensors of layout
 (batch, seqlen, heads, headdim) and is differentiable for torch tensors;
-``flashcute.attention_backward`` computes the gradients on any of them. ``flashcute.sdpa`` and
-``flashcute.flash_attn_func`` take torch SDPA's and FlashAttention's signatures and layouts;
+``flashcute.attention_backward`` computes the gradients on any of them;
+``flashcute.attention_varlen`` and ``flashcute.attention_varlen_backward`` do the same for
+packed batches of sequences of different lengths. ``flashcute.sdpa``,
+``flashcute.flash_attn_func`` and ``flashcute.flash_attn_varlen_func`` take torch SDPA's and
+FlashAttention's signatures and layouts;
 ``flashcute.integrations.transformers`` plugs into Hugging Face transformers.
 ``flashcute.reference`` is a plain-PyTorch implementation
 of the same semantics for testing. ``import flashcute`` and ``flashcute.reference`` work even
@@ -21,14 +24,16 @@ from ._build_info import build_info
 from ._version import package_version as _package_version
 from .attention import attention
 from .backward import attention_backward
-from .flash_attn_compat import flash_attn_func
+from .flash_attn_compat import flash_attn_func, flash_attn_varlen_func
 from .sdpa import sdpa
+from .varlen import attention_varlen, attention_varlen_backward
 
 __version__: str = _package_version()
 
 __all__ = [
-    "__version__", "attention", "attention_backward", "build_info", "cmake_prefix_path",
-    "flash_attn_func", "reference", "sdpa",
+    "__version__", "attention", "attention_backward", "attention_varlen",
+    "attention_varlen_backward", "build_info", "cmake_prefix_path", "flash_attn_func",
+    "flash_attn_varlen_func", "reference", "sdpa",
 ]
 
 

@@ -73,8 +73,10 @@ def build_info() -> dict[str, Any]:
         A new dict with keys ``"version"`` (str), ``"cuda_archs"`` (list of str such as
         ``["80", "90a"]``), ``"cuda_runtime_version"`` (int, the CUDART_VERSION built
         against) and ``"backends"``: ``{"ampere": {"head_dims": [...], "backward_head_dims": [...],
-        "dtypes": [...]}, "hopper": {...}}``. A backend that was not built has empty lists;
-        head dims without a backward kernel of a backend differentiate on the Ampere path.
+        "dtypes": [...]}, "hopper": {...}}``. A backend that was not built has empty lists.
+        These are the compiled head dims: a call of any multiple of 8 up to 256 runs on the
+        smallest one at least as large; one without a Hopper-path backward kernel that large
+        differentiates on the Ampere path.
 
     Raises:
         ImportError: the compiled extension is missing.

@@ -13,6 +13,14 @@ def _sm(capability: int) -> str:
     return f"sm{capability}"
 
 
+def kernel_head_dim(backend: str, headdim: int, backward: bool = False) -> Optional[int]:
+    """The compiled head dim of ``backend`` (its backward with ``backward=True``) that runs
+    ``headdim``: the smallest one at least as large, or None. The kernel then reads and writes
+    only ``headdim`` columns."""
+    head_dims, _ = backend_support(backend, backward=backward)
+    return min((d for d in head_dims if d >= headdim), default=None)
+
+
 def _compiled_for(
     backend: str, headdim: Optional[int], dtype: Optional[str], backward: bool = False
 ) -> Optional[str]:
@@ -21,13 +29,21 @@ def _compiled_for(
     if not head_dims or not dtypes:
         what = "backward " if backward else ""
         return f"the {backend.capitalize()} path has no {what}kernels in this build"
-    if headdim is not None and headdim not in head_dims:
+    if headdim is not None and kernel_head_dim(backend, headdim, backward) is None:
         compiled = ", ".join(map(str, head_dims))
         what = "backward " if backward else ""
-        return f"head dim {headdim} has no {what}kernel in this build (compiled: {compiled})"
+        return (
+            f"head dim {headdim} has no {what}kernel in this build (compiled: {compiled}; "
+            f"a head dim runs on the smallest compiled one at least as large)"
+        )
     if dtype is not None and dtype not in dtypes:
         return f"dtype {dtype} is not compiled in this build (compiled: {', '.join(dtypes)})"
     return None
+
+
+def _exact(backend: str, headdim: Optional[int], backward: bool = False) -> bool:
+    """Whether ``backend`` compiles a kernel of exactly ``headdim`` (None: any head dim)."""
+    return headdim is None or headdim in backend_support(backend, backward=backward)[0]
 
 
 def _runs_on(backend: str, capability: int) -> bool:
@@ -52,7 +68,8 @@ def choose_backend(
 
     With ``requested=None`` the GPU's default backend (``_C.default_backend``) is used; when
     this build lacks kernels for the head dim / dtype there, the other backend is used if
-    it has them and runs on this GPU.
+    it has them and runs on this GPU. A head dim that only the other backend compiles exactly
+    runs there too, rather than rounded up to a larger kernel of the default.
 
     Raises:
         ValueError: an unknown backend name, or a backend that cannot run this GPU, head dim
@@ -73,9 +90,15 @@ def choose_backend(
             )
         default = str(ext.default_backend(capability))
         candidates = [default] + [b for b in BACKEND_NAMES if b != default]
-        for backend in candidates:
-            if _runs_on(backend, capability) and _compiled_for(backend, headdim, dtype) is None:
+        able = [
+            b for b in candidates
+            if _runs_on(b, capability) and _compiled_for(b, headdim, dtype) is None
+        ]
+        for backend in able:
+            if _exact(backend, headdim):
                 return codes[backend]
+        if able:
+            return codes[able[0]]
         reason = _compiled_for(default, headdim, dtype)
         raise ValueError(f"backend={default!r} (the default on {_sm(capability)}): {reason}")
 
@@ -101,8 +124,9 @@ def choose_backward_backend(
     """Like ``choose_backend``, for the backward pass.
 
     With ``requested=None``, an sm90 GPU runs the Hopper-path backward where this build has it
-    for the head dim and dtype; everything else, and every ``deterministic=True`` call, runs
-    the Ampere path (only its atomic-free design is bitwise reproducible).
+    for the head dim (rounded up) and dtype, unless only the Ampere path compiles that head
+    dim exactly; everything else, and every ``deterministic=True`` call, runs the Ampere path
+    (only its atomic-free design is bitwise reproducible).
 
     Raises:
         ValueError: a backend that cannot run this GPU, head dim or dtype, or
@@ -132,6 +156,11 @@ def choose_backward_backend(
         and _runs_on("hopper", capability)
         and str(ext.default_backend(capability)) == "hopper"
         and _compiled_for("hopper", headdim, dtype, backward=True) is None
+        and (
+            _exact("hopper", headdim, backward=True)
+            or not _exact("ampere", headdim, backward=True)
+            or _compiled_for("ampere", headdim, dtype, backward=True) is not None
+        )
     ):
         return ext.BACKEND_HOPPER
     return choose_backend("ampere", capability, headdim=headdim, dtype=dtype)

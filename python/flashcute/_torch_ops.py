@@ -259,3 +259,8 @@ def _scale(q: Tensor, softmax_scale: Optional[float]) -> float:
         return float(softmax_scale)
     headdim = q.shape[-1] if q.dim() > 0 else 0
     return 1.0 / math.sqrt(headdim) if headdim > 0 else 1.0
+
+
+# The variable-length custom ops register with these: one import makes every flashcute op
+# known to torch.
+from . import _torch_varlen  # noqa: E402,F401

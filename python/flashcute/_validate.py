@@ -16,7 +16,9 @@ from ._build_info import BACKEND_NAMES, backend_support, load_extension
 from ._frameworks import framework_of, is_dlpack
 
 SUPPORTED_DTYPES = ("float16", "bfloat16")
-SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+#: Head dims a call may have: a kernel of the smallest compiled head dim at least as large
+#: runs it, reading and writing only its columns (16-byte chunks, hence multiples of 8).
+SUPPORTED_HEAD_DIMS = tuple(range(8, 257, 8))
 
 _FLOAT32_MAX = 3.4028234663852886e38
 _FLOAT32_MIN_NORMAL = 1.1754943508222875e-38
@@ -318,10 +320,14 @@ def _compiled_head_dims() -> str:
 
 
 def _check_headdim(headdim: int) -> None:
+    """Any multiple of 8 from 8 to 256. Whether a path of this build has a kernel that large
+    (the smallest compiled head dim at least as large runs it) is the dispatch's question
+    (``_dispatch._compiled_for``), as for every other build-dependent choice."""
     if headdim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(
-            f"q: head dim {headdim} is not supported; supported head dims are "
-            f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))}{_compiled_head_dims()}"
+            f"q: head dim {headdim} is not supported; supported head dims are the multiples "
+            f"of 8 from 8 to 256, each run by the smallest compiled head dim at least as "
+            f"large{_compiled_head_dims()}"
         )
 
 

@@ -1,4 +1,5 @@
-"""``flashcute.flash_attn_func``: FlashAttention-2's ``flash_attn_func`` on flashcute.
+"""``flashcute.flash_attn_func`` and ``flashcute.flash_attn_varlen_func``: FlashAttention-2's
+``flash_attn_func`` and ``flash_attn_varlen_func`` on flashcute.
 
 FlashAttention's layout is flashcute's, (batch, seqlen, heads, headdim), and its causal mask,
 sliding window, softcap and ALiBi slopes are flashcute's (bottom-right aligned), so the call
@@ -14,6 +15,7 @@ from typing import Any, Optional, Sequence
 
 from ._validate import type_name
 from .attention import attention
+from .varlen import attention_varlen
 
 
 def flash_attn_func(
@@ -91,6 +93,82 @@ def flash_attn_func(
         # A right bound of 0 is the causal mask's; with causal=True the call takes exactly the
         # causal path, (-1, 0) included.
         q, k, v, causal=causal or window[1] == 0, softmax_scale=softmax_scale, window=window,
+        softcap=softcap, alibi_slopes=alibi_slopes, return_lse=return_attn_probs,
+        deterministic=deterministic,
+    )
+    if return_attn_probs:
+        out, lse = result
+        return out, lse, None
+    return result
+
+
+def flash_attn_varlen_func(
+    q: Any,
+    k: Any,
+    v: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Sequence[int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Any = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    block_table: Any = None,
+    *,
+    seqused_q: Any = None,
+    seqused_k: Any = None,
+) -> Any:
+    """FlashAttention-2's ``flash_attn_varlen_func``, computed by ``flashcute.attention_varlen``.
+
+    Positional order and defaults are FlashAttention-2's; FlashAttention-3's ``seqused_q``
+    and ``seqused_k`` are accepted as keywords.
+
+    Args:
+        q: (total_q, nheads, headdim), float16 or bfloat16, on a CUDA device.
+        k, v: (total_k, nheads_kv, headdim); nheads a multiple of nheads_kv.
+        cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,) offsets of the sequences' rows.
+        max_seqlen_q, max_seqlen_k: the longest sequences' lengths.
+        dropout_p: must be 0.0. block_table, seqused_q: must be None.
+        softmax_scale, causal, softcap, alibi_slopes, deterministic: as in ``flash_attn_func``,
+            per sequence (alibi_slopes (nheads,) or (batch, nheads) float32, a row per
+            sequence).
+        window_size: (left, right) as in ``flash_attn_func``; a negative bound, or one of at
+            least max_seqlen_k, is no bound (FlashAttention's reading for packed batches).
+        return_attn_probs: also return the log-sum-exp; see Returns.
+        seqused_k: optional int32 (batch,): sequence ``b`` uses only its first ``seqused_k[b]``
+            keys.
+
+    Returns:
+        out (total_q, nheads, headdim); with ``return_attn_probs=True`` the tuple
+        ``(out, softmax_lse, None)``, softmax_lse float32 (nheads, total_q) as
+        FlashAttention-2's.
+
+    Raises:
+        NotImplementedError: an argument asks for a feature flashcute lacks; the message
+            names it.
+        TypeError, ValueError: invalid arguments (as ``flashcute.attention_varlen``).
+    """
+    if not isinstance(return_attn_probs, bool):
+        raise TypeError(f"return_attn_probs: expected a bool, got {type_name(return_attn_probs)}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal: expected a bool, got {type_name(causal)}")
+    _refuse_unsupported(
+        dropout_p=dropout_p, qv=None, q_descale=None, k_descale=None, v_descale=None,
+        attention_chunk=0,
+    )
+    for name, value in (("block_table", block_table), ("seqused_q", seqused_q)):
+        if value is not None:
+            raise NotImplementedError(f"{name}: flashcute does not support {name} yet; pass None")
+    bound = max_seqlen_k if isinstance(max_seqlen_k, numbers.Integral) else None
+    window = _window(window_size, seqlen_k=bound)
+    result = attention_varlen(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=seqused_k,
+        causal=causal or window[1] == 0, softmax_scale=softmax_scale, window=window,
         softcap=softcap, alibi_slopes=alibi_slopes, return_lse=return_attn_probs,
         deterministic=deterministic,
     )

@@ -5,14 +5,20 @@
 FAMILY is one of ampere-fwd, hopper-fwd, ampere-bwd, ampere-bwd-deterministic, hopper-bwd.
 The backward families take out and lse from a forward on the given path (``--forward-from``,
 default: the same path), so that a report can be told apart from the forward's own writes.
-Shapes: bf16 and fp16, head dims 64 and 128, GQA 2:1, causal and not, each without and with
-a sliding window and softcap, and with both and ALiBi ((batch, nheads) slopes), odd lengths
-with seqlen_q != seqlen_k.
+Shapes: bf16 and fp16, head dims 64 and 128 and, on the next larger kernels (which read and
+write only their columns), 40 and 72; GQA 2:1, causal and not, each without and with a sliding
+window and softcap, and with both and ALiBi ((batch, nheads) slopes), odd lengths with
+seqlen_q != seqlen_k. Then variable-length batches (``attention_varlen``): mixed lengths with
+and without seqused_k, and a fuzzed corpus of offsets and used-key counts that break the rules
+(decreasing, negative, beyond the rows, near 2^31, max_seqlen below the real lengths), which
+the kernels must clamp without touching memory outside the tensors (the values are not checked
+on the host).
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 
 import torch
 
@@ -22,6 +28,37 @@ FAMILIES = ("ampere-fwd", "hopper-fwd", "ampere-bwd", "ampere-bwd-deterministic"
 SHAPES = ((1, 129, 129), (2, 333, 129), (1, 65, 333))  # (batch, seqlen_q, seqlen_k)
 # Dense, both mask features, and both with ALiBi (its slopes are made per call).
 MASKS = ({}, {"window": (40, 17), "softcap": 20.0}, {"window": (40, 17), "softcap": 20.0, "alibi": True})
+
+# Variable-length batches: 3 sequences over 300 query and 400 key rows.
+VARLEN_TOTAL_Q, VARLEN_TOTAL_K = 300, 400
+VARLEN_GOOD = ([0, 1, 130, 300], [0, 0, 257, 400])  # empty and one-row sequences, odd lengths
+_BIG = 2**31 - 1
+
+
+def varlen_corpus(seed: int = 0) -> list[tuple[list[int], list[int], list[int] | None, int, int]]:
+    """(cu_seqlens_q, cu_seqlens_k, seqused_k or None, max_seqlen_q, max_seqlen_k) cases: the
+    well-formed batch, then offsets and counts that break the rules, some drawn at random."""
+    good_q, good_k = VARLEN_GOOD
+    cases = [
+        (good_q, good_k, None, 170, 257),
+        (good_q, good_k, [0, 200, 100], 170, 257),
+        ([0, 200, 100, 300], [0, 300, 100, 400], None, 200, 300),          # decreasing
+        ([0, 100, 250, 1000], [0, 50, 700, 5000], None, 750, 4950),        # beyond total
+        ([-50, 100, 200, 300], [-400, -1, 200, 400], None, 150, 401),      # negative
+        ([0, _BIG, _BIG, _BIG], [0, _BIG, -_BIG - 1, _BIG], None, 300, 400),  # near 2^31
+        ([-_BIG - 1, 0, 100, 300], [0, 100, 200, 400], None, 300, 400),
+        (good_q, good_k, None, 37, 50),                                    # max_seqlen too small
+        (good_q, good_k, [-5, 10, _BIG], 170, 257),                         # seqused_k out of range
+        (good_q, good_k, [1000, 1000, 1000], 170, 1000),
+        ([0, 300, 300, 300], [0, 400, 400, 400], [-_BIG - 1, 0, 3], 300, 400),
+    ]
+    rng = random.Random(seed)
+    for _ in range(6):
+        pick = lambda: rng.choice([rng.randint(-500, 1500), rng.randint(0, 400), _BIG, -_BIG - 1])  # noqa: E731
+        used = [pick() for _ in range(3)] if rng.random() < 0.5 else None
+        cases.append(([pick() for _ in range(4)], [pick() for _ in range(4)], used,
+                      rng.randint(0, 500), rng.randint(0, 500)))
+    return cases
 
 
 def _calls(family: str, forward_from: str | None) -> int:
@@ -33,8 +70,8 @@ def _calls(family: str, forward_from: str | None) -> int:
     for dtype in (torch.bfloat16, torch.float16):
         if str(dtype).removeprefix("torch.") not in built["dtypes"]:
             continue
-        for headdim in (64, 128):
-            if headdim not in head_dims:
+        for headdim in (40, 64, 72, 128):
+            if not any(built_dim >= headdim for built_dim in head_dims):
                 continue
             for batch, seqlen_q, seqlen_k in SHAPES:
                 for causal, mask in ((c, m) for c in (False, True) for m in MASKS):
@@ -56,7 +93,46 @@ def _calls(family: str, forward_from: str | None) -> int:
                             deterministic=family.endswith("deterministic"), **mask,
                         )
                     count += 1
+    count += _varlen_calls(family, forward_from, path, built, head_dims, gen)
     torch.cuda.synchronize()
+    return count
+
+
+def _varlen_calls(family: str, forward_from: str | None, path: str, built: dict,
+                  head_dims: list[int], gen: torch.Generator) -> int:
+    """The variable-length corpus on one dtype and the head dims 64 and 72 (the latter on
+    the next larger kernel), causal and not, with and without window and softcap, and with both
+    and ALiBi."""
+    dtype = torch.bfloat16 if "bfloat16" in built["dtypes"] else torch.float16
+    count = 0
+    for headdim in (64, 72):
+        if not any(built_dim >= headdim for built_dim in head_dims):
+            continue
+        for i, (cu_q, cu_k, used, max_q, max_k) in enumerate(varlen_corpus()):
+            causal, mask = bool(i % 2), dict(MASKS[(i // 2) % len(MASKS)])
+
+            def rand(rows: int, heads: int) -> torch.Tensor:
+                return torch.randn(rows, heads, headdim, device="cuda", dtype=dtype, generator=gen)
+
+            q, k, v = rand(VARLEN_TOTAL_Q, 4), rand(VARLEN_TOTAL_K, 2), rand(VARLEN_TOTAL_K, 2)
+            offsets = [torch.tensor(x, dtype=torch.int32, device="cuda") for x in (cu_q, cu_k)]
+            seqused_k = None if used is None else torch.tensor(used, dtype=torch.int32, device="cuda")
+            if mask.pop("alibi", False):
+                mask["alibi_slopes"] = torch.rand(len(cu_q) - 1, 4, device="cuda", generator=gen)
+            args = (q, k, v, *offsets, max_q, max_k)
+            if "fwd" in family:
+                flashcute.attention_varlen(*args, seqused_k=seqused_k, causal=causal,
+                                           return_lse=True, backend=path, **mask)
+            else:
+                out, lse = flashcute.attention_varlen(*args, seqused_k=seqused_k, causal=causal,
+                                                      return_lse=True, backend=forward_from or path,
+                                                      **mask)
+                flashcute.attention_varlen_backward(
+                    rand(VARLEN_TOTAL_Q, 4), q, k, v, out, lse, *offsets, max_q, max_k,
+                    seqused_k=seqused_k, causal=causal, backend=path,
+                    deterministic=family.endswith("deterministic"), **mask,
+                )
+            count += 1
     return count
 
 

@@ -56,6 +56,8 @@ struct AttentionForwardParams {
   int64_t seqlen_k = 0;
   int64_t nheads = 0;
   int64_t nheads_kv = 0;
+  // A multiple of 8: the call runs the smallest compiled kernel of at least this head dim,
+  // which reads and writes only these columns (build_info() lists the compiled head dims).
   int64_t headdim = 0;
 
   int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
@@ -74,11 +76,25 @@ struct AttentionForwardParams {
   float softcap = 0.f;
   // ALiBi (optional, device memory on `device`): after softcap and before the mask, the score
   // of query row i and key j in batch b and query head h gains
-  // -alibi_slopes[b * alibi_slopes_batch_stride + h] · |i + seqlen_k - seqlen_q - j|.
+  // -alibi_slopes[b * alibi_slopes_batch_stride + h] · |i + seqlen_k - seqlen_q - j|, with the
+  // lengths of sequence b in a variable-length batch (seqlen_k: its seqused_k where given).
   // float32, nheads slopes per row, 4-byte aligned; a batch stride of 0 gives every batch the
   // same row. null: no ALiBi.
   const float* alibi_slopes = nullptr;
   int64_t alibi_slopes_batch_stride = 0;
+  // Variable-length batches (all optional, device int32). With cu_seqlens_q (batch + 1
+  // offsets), q and out are packed (total_q, nheads, headdim): sequence b's queries are rows
+  // [cu_seqlens_q[b], cu_seqlens_q[b + 1]), seqlen_q is the longest sequence's length
+  // (max_seqlen_q), q_batch_stride and out_batch_stride are ignored, and lse is
+  // (nheads, total_q) with lse_head_stride (lse_batch_stride ignored). cu_seqlens_k does the
+  // same for k and v. seqused_k (batch): sequence b uses only its first seqused_k[b] keys, and
+  // causal and window align to that length. The values are not read on the host; whatever they
+  // are, the kernels clamp them so that no access leaves [0, total) rows or goes past
+  // max_seqlen rows of a sequence.
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+  const int32_t* seqused_k = nullptr;
+  int64_t total_q = 0, total_k = 0;  // rows of the packed tensors (with cu_seqlens)
   DType dtype = DType::kFloat16;
   int device = -1;            // CUDA device of the pointers; -1: the current device
   cudaStream_t stream = nullptr;
@@ -87,7 +103,8 @@ struct AttentionForwardParams {
 // Bytes of the optional forward workspace for these sizes, dtype, mask, ALiBi and backend on
 // params.device (pointers are not read; a non-null alibi_slopes only says that ALiBi is on):
 // fp32 partial results where the Hopper path splits the last wave of a call without causal or
-// window mask over all SMs (up to 2 · SMs · tile rows · (headdim + 8) · 4 bytes), else 0.
+// window mask over all SMs (up to 2 · SMs · tile rows · (kernel head dim + 8) · 4 bytes),
+// else 0.
 FLASHCUTE_API Status attention_forward_workspace_size(const AttentionForwardParams& params, size_t* bytes,
                                                       Backend backend = Backend::kAuto);
 
@@ -117,7 +134,7 @@ struct AttentionBackwardParams {
   int64_t seqlen_k = 0;
   int64_t nheads = 0;
   int64_t nheads_kv = 0;
-  int64_t headdim = 0;
+  int64_t headdim = 0;  // as in AttentionForwardParams (the backward's own compiled head dims)
 
   int64_t dout_batch_stride = 0, dout_row_stride = 0, dout_head_stride = 0;
   int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
@@ -135,6 +152,12 @@ struct AttentionBackwardParams {
   float softcap = 0.f;                          // as in AttentionForwardParams
   const float* alibi_slopes = nullptr;          // as in AttentionForwardParams
   int64_t alibi_slopes_batch_stride = 0;
+  // Variable-length batches, as in AttentionForwardParams; dq/dout/out follow q's layout and
+  // dk/dv follow k's. Keys past seqused_k[b] get zero dk and dv.
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+  const int32_t* seqused_k = nullptr;
+  int64_t total_q = 0, total_k = 0;
   // Bitwise reproducible gradients: the Ampere path then computes dQ in its own pass over
   // query blocks instead of adding every key block's part with floating-point atomics. The
   // Hopper path always adds dQ with atomics, so with kAuto this flag picks the Ampere path

@@ -7,7 +7,7 @@ import contextlib
 import sys
 from collections.abc import Sequence
 
-from . import grid, impls, report, timing
+from . import grid, impls, report, timing, varlen
 
 _PROG = "python -m flashcute.bench"
 
@@ -111,6 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --window, --softcap or --alibi: also time each problem without them, just "
         "before it, for every implementation (SDPA and fa3 on these dense lines only), and add "
         "'X/dense' columns: flashcute-X's TFLOP/s with the feature over its dense TFLOP/s")
+    add("--varlen", choices=("equal", "packed", "both"), default=None,
+        help="time flashcute's variable-length (packed) batches against its fixed-length "
+        "calls in one process: 'equal' packs 16384//seqlen sequences of each --seqlens length "
+        "(up to 8192) against the same fixed-length batch; 'packed' packs lengths drawn from "
+        "128..8192 (--seed) summing to 16384 against the fixed-length batch at their mean "
+        "length. FLOPs count each sequence's own (query, key) pairs. flashcute only; not with "
+        "--shape, --window, --softcap, --alibi, --check or --plot")
     add("--dtype", choices=grid.DTYPE_CHOICES, default="bf16", help="default: bf16")
     add("--impls", type=_impl_list, default=None,
         help=f"comma-separated subset of {', '.join(grid.IMPLS)} (default: all available)")
@@ -193,6 +200,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")
     args.causals = causal_values(args.causal)
+    if args.varlen is not None:
+        given = [flag for flag, on in (("--shape", bool(args.shapes)), ("--plot", args.plot),
+                                       ("--window", tuple(args.window) != grid.NO_WINDOW),
+                                       ("--softcap", args.softcap > 0.0),
+                                       ("--alibi", args.alibi),
+                                       ("--with-dense", args.with_dense),
+                                       ("--check", args.check)) if on]
+        if given:
+            parser.error(f"--varlen times packed batches on its own; it cannot be combined "
+                         f"with {' or '.join(given)}")
     if args.with_dense and grid.feature_name(args.window, args.softcap, args.alibi) == "dense":
         parser.error("--with-dense adds the dense problem beside a --window, --softcap or "
                      "--alibi one; give --window, --softcap or --alibi too")
@@ -278,6 +295,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not impls.backward_supported(impl):
                 notes.add(f"{impl}: no backward pass available, timing forward only")
 
+    if args.varlen is not None:
+        return _main_varlen(args, chosen, notes, device_name, fc, build_info, torch)
+
     fc_version = impls.flashcute_version(fc, build_info)
     print(f"device: {device_name} (sm{major}{minor})  "
           f"torch {torch.__version__}  flashcute {fc_version or 'n/a'}")
@@ -333,4 +353,46 @@ def main(argv: Sequence[str] | None = None) -> int:
         except grid.BenchError as exc:
             return _fail(str(exc), 1)
         print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+def _main_varlen(args: argparse.Namespace, chosen: Sequence[str], notes: grid.Notes,
+                 device_name: str, fc: object, build_info: dict, torch: object) -> int:
+    """``--varlen``: flashcute's packed batches against its fixed-length calls."""
+    flashcute_impls = [i for i in chosen if i in grid.FLASHCUTE_IMPLS]
+    for impl in chosen:
+        if impl not in grid.FLASHCUTE_IMPLS:
+            notes.add(f"{impl} not timed with --varlen (flashcute's packed batches only)")
+    if not hasattr(fc, "attention_varlen"):
+        flashcute_impls = []
+        notes.add("this flashcute has no attention_varlen")
+    if not flashcute_impls:
+        report.print_notes(notes)
+        return _fail("no implementation left to benchmark", 1)
+    modes = varlen.VARLEN_MODES if args.varlen == "both" else (args.varlen,)
+    cases = varlen.build_cases(modes, args.hdims, args.seqlens, args.causals, args.dtype,
+                               seed=args.seed)
+    fc_version = impls.flashcute_version(fc, build_info)
+    print(f"device: {device_name}  torch {getattr(torch, '__version__', '?')}  "
+          f"flashcute {fc_version or 'n/a'}")
+    print(f"dtype {args.dtype}  varlen modes: {', '.join(modes)}  tokens {grid.TOTAL_TOKENS}  "
+          f"timer: {timing.timer_name()} (median of {args.rounds} alternating rounds)")
+    print("values: TFLOP/s over each sequence's own (query, key) pairs; dense: the "
+          "fixed-length batch of as many sequences at the mean length")
+    sys.stdout.flush()
+    try:
+        rows = varlen.run_varlen(cases, flashcute_impls, warmup_ms=args.warmup, rep_ms=args.rep,
+                                 rounds=args.rounds, bwd=args.bwd, seed=args.seed, notes=notes)
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+    print()
+    print(varlen.format_varlen_table(rows))
+    report.print_notes(notes)
+    if args.json:
+        report.write_json(args.json, {
+            "device": device_name, "torch": str(getattr(torch, "__version__", "")),
+            "flashcute": fc_version, "dtype": args.dtype,
+            "rows": [d for r in rows for d in r.to_dicts()], "notes": notes.as_list(),
+        })
+        print(f"wrote {args.json}", file=sys.stderr)
     return 0

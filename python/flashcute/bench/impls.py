@@ -102,10 +102,10 @@ def impl_skip_reason(
     if not info:
         return f"{impl} skipped: the flashcute build has no {backend!r} backend"
     head_dims = _head_dims(info.get("head_dims"))
-    if hdim not in head_dims:
+    if not any(compiled >= hdim for compiled in head_dims):  # runs on the next larger kernel
         return (
-            f"{impl} skipped for hdim={hdim}: build supports head dims "
-            f"{head_dims or 'none'}"
+            f"{impl} skipped for hdim={hdim}: build supports head dims up to "
+            f"{head_dims[-1] if head_dims else 'none'} (compiled: {head_dims or 'none'})"
         )
     if not _dtype_supported(dtype, info.get("dtypes")):
         return (

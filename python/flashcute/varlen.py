@@ -1,0 +1,363 @@
+"""Variable-length batches: ``flashcute.attention_varlen`` and
+``flashcute.attention_varlen_backward`` over packed sequences, on DLPack tensors."""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from ._build_info import load_extension
+from ._dispatch import choose_backend, choose_backward_backend
+from ._frameworks import export, framework_of, launchable
+from ._validate import check_deterministic, check_scalars, check_softcap, kernel_window, type_name
+from ._validate_backward import check_backward_flags
+from ._validate_varlen import (
+    VarlenProblem,
+    check_max_seqlen,
+    validate_varlen,
+    validate_varlen_backward,
+)
+from .attention import _allocator, _refuse_grad_with_out, _torch_tensors, check_torch_slopes
+
+
+def varlen_extension() -> Any:
+    """``flashcute._C``, refusing a build whose binding predates variable-length batches."""
+    ext = load_extension()
+    if "cu_seqlens_q" not in (getattr(ext.forward, "__doc__", None) or ""):
+        raise ImportError(
+            "flashcute: this build of flashcute._C has no variable-length batches "
+            "(cu_seqlens); reinstall the package with `pip install .`"
+        )
+    return ext
+
+
+def forward_workspace_bytes(ext: Any, problem: VarlenProblem, causal: bool, backend_code: int) -> int:
+    """Bytes of the optional forward workspace of a validated variable-length problem."""
+    return int(ext.forward_workspace_size(
+        problem.batch, problem.max_seqlen_q, problem.max_seqlen_k, problem.nheads,
+        problem.nheads_kv, problem.headdim, problem.dtype, causal, backend_code,
+        problem.device_id, problem.window_left, problem.window_right, problem.alibi,
+        problem.total_q, problem.total_k, problem.seqused_k,
+    ))
+
+
+def backward_workspace_bytes(
+    ext: Any, problem: VarlenProblem, causal: bool, deterministic: bool, backend_code: int
+) -> int:
+    """Bytes of the backward's workspace of a validated variable-length problem: its rows are
+    (batch, nheads, max_seqlen_q rounded up), as for a fixed-length batch of that length."""
+    return int(ext.backward_workspace_size(
+        problem.batch, problem.max_seqlen_q, problem.max_seqlen_k, problem.nheads,
+        problem.nheads_kv, problem.headdim, problem.dtype, deterministic, backend_code, causal,
+        problem.window_left, problem.window_right, problem.total_q, problem.total_k,
+        problem.seqused_k,
+    ))
+
+
+def _torch_call(*xs: Any) -> bool:
+    """Whether every given (not None) argument is a torch.Tensor."""
+    return _torch_tensors(*(x for x in xs if x is not None))
+
+
+def attention_varlen(
+    q: Any,
+    k: Any,
+    v: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    seqused_k: Any = None,
+    causal: bool = False,
+    softmax_scale: Optional[float] = None,
+    window: Sequence[int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Any = None,
+    return_lse: bool = False,
+    out: Any = None,
+    backend: Optional[str] = None,
+    deterministic: bool = False,
+) -> Any:
+    """``flashcute.attention`` over a batch of packed sequences of different lengths.
+
+    Sequence ``b`` is query rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` of q against key rows
+    ``cu_seqlens_k[b]:cu_seqlens_k[b+1]`` of k and v, computed as one ``flashcute.attention``
+    call: masks (causal, window) align bottom-right within each sequence, to its own lengths.
+
+    Args:
+        q: (total_q, nheads, headdim), float16 or bfloat16, on a CUDA device.
+        k, v: (total_k, nheads_kv, headdim), q's dtype and device; nheads a multiple of
+            nheads_kv (grouped-query attention, as in ``flashcute.attention``).
+        cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,) offsets on q's device: the first row of
+            each sequence, then the end of the last (typically ``cu_seqlens_q[0] = 0`` and
+            ``cu_seqlens_q[batch] = total_q``), non-decreasing.
+        max_seqlen_q, max_seqlen_k: ints, at least the longest sequence's query and key count
+            (they size the grid). A sequence longer than them is cut to them.
+        seqused_k: optional int32 (batch,) on q's device: sequence ``b`` uses only its first
+            ``seqused_k[b]`` keys (e.g. the filled part of a key/value cache slot), and its
+            masks align to that length. Keys past it are never read into the result: they may
+            hold anything, NaN included.
+        causal, softmax_scale, window, softcap: as in ``flashcute.attention``, per sequence.
+        alibi_slopes: ALiBi as in ``flashcute.attention``: float32 (nheads,) or
+            (batch, nheads) slopes (a row per sequence) on q's device; the distance of query
+            ``i`` and key ``j`` of sequence ``b`` is ``|i + seqlen_k[b] - seqlen_q[b] - j|``
+            with the sequence's own lengths (``seqlen_k[b]`` is ``seqused_k[b]`` where given).
+            The slopes get no gradient.
+        return_lse: also return the float32 (nheads, total_q) natural-log log-sum-exp.
+        out: optional (total_q, nheads, headdim) tensor of q's dtype to write into (not for jax
+            arrays); it is returned.
+        backend: None (choose by GPU), "ampere" or "hopper".
+        deterministic: differentiate this call with the bitwise reproducible backward (torch
+            autograd), as in ``flashcute.attention``.
+
+    The offsets are read only by the kernels, which clamp them into the tensors: values that
+    break the rules above give unspecified results but never touch memory outside the
+    tensors. Rows of out and lse outside every sequence are not written. A query row with no
+    visible key (an empty key range, a window) gives zeros and lse = -inf.
+
+    Routes are those of ``flashcute.attention``: torch tensors go through the custom ops
+    ``flashcute::attention_varlen_forward`` (``..._forward_out`` with ``out=``) and
+    ``flashcute::attention_varlen_backward`` where something watches the call (autograd,
+    ``torch.compile(fullgraph=True)``, ...), else straight to the kernel; cupy and jax arrays
+    through DLPack. The result is differentiable with respect to q, k and v.
+
+    Returns:
+        The output (``out`` itself when given), or ``(output, lse)`` when ``return_lse``.
+
+    Raises:
+        TypeError, ValueError: invalid arguments; messages name the argument.
+        NotImplementedError: torch inputs that require grad together with ``out``.
+        RuntimeError: no usable GPU, or a CUDA error.
+        ImportError: the compiled extension is missing or predates variable-length batches.
+    """
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse: expected a bool, got {type_name(return_lse)}")
+    check_deterministic(deterministic)
+    window = kernel_window(window)
+    softcap = check_softcap(softcap)
+    max_seqlen_q = check_max_seqlen("max_seqlen_q", max_seqlen_q)
+    max_seqlen_k = check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    if _torch_call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, out):
+        check_scalars(causal, softmax_scale, backend)
+        check_torch_slopes(alibi_slopes)
+        if out is not None:
+            _refuse_grad_with_out(q, k, v, out)
+        from . import _torch_varlen
+
+        return _torch_varlen.attention(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=seqused_k,
+            causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, backend=backend,
+            out=out, deterministic=deterministic, window=window, softcap=softcap,
+            alibi_slopes=alibi_slopes,
+        )
+    if out is not None:
+        _refuse_grad_with_out(q, k, v, out)
+    _refuse_grad_beside_other_arrays(
+        q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
+        alibi_slopes=alibi_slopes,
+    )
+    return attention_varlen_dlpack(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=seqused_k,
+        causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, out=out,
+        backend=backend, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+    )
+
+
+def _refuse_grad_beside_other_arrays(**arguments: Any) -> None:
+    """TypeError naming the first argument that is not a torch.Tensor when a torch input
+    requires grad: only all-torch calls take the differentiable routes."""
+    import sys
+
+    torch = sys.modules.get("torch")  # torch tensors exist only if torch was imported
+    if torch is None or not torch.is_grad_enabled():
+        return
+    if not any(isinstance(x, torch.Tensor) and x.requires_grad for x in arguments.values()):
+        return
+    for name, x in arguments.items():
+        if x is not None and not isinstance(x, torch.Tensor):
+            raise TypeError(
+                f"{name}: expected a torch.Tensor, got {type_name(x)}: q, k or v requires grad, "
+                f"and only calls on torch tensors alone are differentiable"
+            )
+
+
+def attention_varlen_dlpack(
+    q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: int,
+    max_seqlen_k: int, *, seqused_k: Any = None, causal: bool = False,
+    softmax_scale: Optional[float] = None, return_lse: bool = False, out: Any = None,
+    backend: Optional[str] = None, window: Sequence[int] = (-1, -1), softcap: float = 0.0,
+    alibi_slopes: Any = None,
+) -> Any:
+    """``attention_varlen`` through DLPack, without autograd."""
+    ext = varlen_extension()
+    q_x, k_x, v_x = export(q), export(k), export(v)
+    cu_q_x, cu_k_x = export(cu_seqlens_q), export(cu_seqlens_k)
+    used_x = export(seqused_k) if seqused_k is not None else None
+    out_x = export(out) if out is not None else None
+    slopes_x = export(alibi_slopes) if alibi_slopes is not None else None
+    problem = validate_varlen(
+        q_x, k_x, v_x, cu_q_x, cu_k_x, max_seqlen_q, max_seqlen_k, out_x, seqused_k=used_x,
+        causal=causal, softmax_scale=softmax_scale, backend=backend, window=window,
+        softcap=softcap, alibi_slopes=slopes_x,
+    )
+    out_adapter = framework_of(out) if out is not None else None
+    if out_adapter is not None:
+        out_adapter.check_out(out)
+    alloc, like = _allocator(q, out, return_lse)
+    capability = int(ext.device_capability(problem.device_id))
+    code = choose_backend(backend, capability, headdim=problem.headdim, dtype=problem.dtype)
+    result = out if out is not None else alloc.empty(like, problem.out_shape, problem.dtype)
+    lse = alloc.empty(like, problem.lse_shape, "float32") if return_lse else None
+    if not problem.empty_output:
+        tensors = (q_x, k_x, v_x, out_x if out is not None else result, lse, cu_q_x, cu_k_x, used_x,
+                   slopes_x)
+        sync = alloc is not None and alloc.synchronize_after
+        if sync:
+            for x in (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, out, result, lse):
+                adapter = framework_of(x) if x is not None else None
+                if adapter is not None:
+                    adapter.prepare(x)
+        stream = alloc.stream(like) if alloc is not None else 0
+        nbytes = forward_workspace_bytes(ext, problem, causal, code) if alloc is not None else 0
+        workspace = alloc.empty(like, (nbytes,), "uint8") if nbytes > 0 else None
+        q_l, k_l, v_l, out_l, lse_l, cu_q_l, cu_k_l, used_l, slopes_l = (
+            launchable(x) if x is not None else None for x in tensors
+        )
+        ext.forward(
+            q_l, k_l, v_l, out_l, lse_l, problem.scale, causal, code, stream,
+            launchable(workspace) if workspace is not None else None, problem.window_left,
+            problem.window_right, problem.softcap, slopes_l, cu_q_l, cu_k_l, used_l,
+            problem.max_seqlen_q, problem.max_seqlen_k,
+        )
+        if sync:
+            ext.synchronize(stream, problem.device_id)
+    return (result, lse) if return_lse else result
+
+
+def attention_varlen_backward(
+    dout: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    seqused_k: Any = None,
+    causal: bool = False,
+    softmax_scale: Optional[float] = None,
+    window: Sequence[int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Any = None,
+    dq: Any = None,
+    dk: Any = None,
+    dv: Any = None,
+    deterministic: bool = False,
+    backend: Optional[str] = None,
+) -> tuple[Any, Any, Any]:
+    """Gradients of ``flashcute.attention_varlen`` with respect to q, k and v.
+
+    Args:
+        dout: gradient of the loss with respect to the forward's output, q's shape and dtype.
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k: as given
+            to the forward.
+        out, lse: the forward's output and its float32 (nheads, total_q) log-sum-exp
+            (``attention_varlen(..., return_lse=True)``).
+        causal, softmax_scale, window, softcap, alibi_slopes: as given to the forward.
+        dq, dk, dv: optional packed tensors to write into (q's, k's, v's shape and dtype).
+        deterministic, backend: as in ``flashcute.attention_backward``.
+
+    Keys past ``seqused_k[b]`` of sequence ``b`` get dk = dv = 0. Rows outside every sequence
+    are not written. The workspace (from q's framework) is that of a fixed-length backward
+    of ``batch`` sequences of ``max_seqlen_q`` queries.
+
+    Returns:
+        ``(dq, dk, dv)``: the given buffers, or new arrays of q's framework.
+
+    Raises:
+        TypeError, ValueError: invalid arguments; messages name the argument.
+        RuntimeError: no usable GPU, or a CUDA error.
+        ImportError: the compiled extension is missing or predates variable-length batches.
+    """
+    window = kernel_window(window)
+    softcap = check_softcap(softcap)
+    max_seqlen_q = check_max_seqlen("max_seqlen_q", max_seqlen_q)
+    max_seqlen_k = check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    if _torch_call(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, dq, dk, dv):
+        check_scalars(causal, softmax_scale, backend)
+        check_torch_slopes(alibi_slopes)
+        check_backward_flags(deterministic, backend)
+        from . import _torch_varlen
+
+        return _torch_varlen.attention_backward(
+            dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+            seqused_k=seqused_k, causal=causal, softmax_scale=softmax_scale,
+            deterministic=deterministic, backend=backend, dq=dq, dk=dk, dv=dv, window=window,
+            softcap=softcap, alibi_slopes=alibi_slopes,
+        )
+    return attention_varlen_backward_dlpack(
+        dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+        seqused_k=seqused_k, causal=causal, softmax_scale=softmax_scale, dq=dq, dk=dk, dv=dv,
+        deterministic=deterministic, backend=backend, window=window, softcap=softcap,
+        alibi_slopes=alibi_slopes,
+    )
+
+
+def attention_varlen_backward_dlpack(
+    dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
+    max_seqlen_q: int, max_seqlen_k: int, *, seqused_k: Any = None, causal: bool = False,
+    softmax_scale: Optional[float] = None, dq: Any = None, dk: Any = None, dv: Any = None,
+    deterministic: bool = False, backend: Optional[str] = None,
+    window: Sequence[int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Any = None,
+) -> tuple[Any, Any, Any]:
+    """``attention_varlen_backward`` through DLPack, for every framework."""
+    alloc = framework_of(q)
+    if alloc is None:
+        raise TypeError(
+            f"q: flashcute can allocate gradients and workspaces only for a torch.Tensor, "
+            f"cupy.ndarray or jax.Array, got {type_name(q)}"
+        )
+    ext = varlen_extension()
+    exported = [export(x) for x in (dout, q, k, v, out, lse)]
+    cu_q_x, cu_k_x = export(cu_seqlens_q), export(cu_seqlens_k)
+    used_x = export(seqused_k) if seqused_k is not None else None
+    slopes_x = export(alibi_slopes) if alibi_slopes is not None else None
+    problem = validate_varlen_backward(
+        *exported, cu_q_x, cu_k_x, max_seqlen_q, max_seqlen_k, seqused_k=used_x, dq=dq, dk=dk,
+        dv=dv, causal=causal, softmax_scale=softmax_scale, deterministic=deterministic,
+        backend=backend, window=window, softcap=softcap, alibi_slopes=slopes_x,
+    )
+    for x in (dq, dk, dv):
+        adapter = framework_of(x) if x is not None else None
+        if adapter is not None:
+            adapter.check_out(x)
+    capability = int(ext.device_capability(problem.device_id))
+    code = choose_backward_backend(
+        backend, capability, headdim=problem.headdim, dtype=problem.dtype,
+        deterministic=deterministic,
+    )
+    grads = [
+        given if given is not None else alloc.empty(q, shape, problem.dtype)
+        for given, shape in ((dq, problem.out_shape), (dk, problem.kv_shape), (dv, problem.kv_shape))
+    ]
+    nbytes = backward_workspace_bytes(ext, problem, causal, deterministic, code)
+    workspace = alloc.empty(q, (nbytes,), "uint8")
+    if alloc.synchronize_after:
+        for x in (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes):
+            if x is not None:
+                alloc.prepare(x)
+    stream = alloc.stream(q)
+    ext.backward(
+        *[launchable(x) for x in (*exported, *[export(g) for g in grads], workspace)],
+        problem.scale, causal, deterministic, code, stream, problem.window_left,
+        problem.window_right, problem.softcap,
+        launchable(slopes_x) if slopes_x is not None else None, launchable(cu_q_x),
+        launchable(cu_k_x), launchable(used_x) if used_x is not None else None,
+        problem.max_seqlen_q, problem.max_seqlen_k,
+    )
+    if alloc.synchronize_after:
+        ext.synchronize(stream, problem.device_id)
+    return grads[0], grads[1], grads[2]
