@@ -213,7 +213,8 @@ def attention_varlen_dlpack(
                    slopes_x)
         sync = alloc is not None and alloc.synchronize_after
         if sync:
-            for x in (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, out, result, lse):
+            for x in (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, out, result,
+                      lse):
                 adapter = framework_of(x) if x is not None else None
                 if adapter is not None:
                     adapter.prepare(x)
