@@ -16,7 +16,7 @@ from ._validate_varlen import (
     validate_varlen,
     validate_varlen_backward,
 )
-from .attention import _allocator, _refuse_grad_with_out, _torch_tensors
+from .attention import _allocator, _refuse_grad_with_out, _torch_tensors, check_torch_slopes
 
 
 def varlen_extension() -> Any:
@@ -35,8 +35,8 @@ def forward_workspace_bytes(ext: Any, problem: VarlenProblem, causal: bool, back
     return int(ext.forward_workspace_size(
         problem.batch, problem.max_seqlen_q, problem.max_seqlen_k, problem.nheads,
         problem.nheads_kv, problem.headdim, problem.dtype, causal, backend_code,
-        problem.device_id, problem.window_left, problem.window_right, problem.total_q,
-        problem.total_k, problem.seqused_k,
+        problem.device_id, problem.window_left, problem.window_right, problem.alibi,
+        problem.total_q, problem.total_k, problem.seqused_k,
     ))
 
 
@@ -72,6 +72,7 @@ def attention_varlen(
     softmax_scale: Optional[float] = None,
     window: Sequence[int] = (-1, -1),
     softcap: float = 0.0,
+    alibi_slopes: Any = None,
     return_lse: bool = False,
     out: Any = None,
     backend: Optional[str] = None,
@@ -97,6 +98,11 @@ def attention_varlen(
             masks align to that length. Keys past it are never read into the result: they may
             hold anything, NaN included.
         causal, softmax_scale, window, softcap: as in ``flashcute.attention``, per sequence.
+        alibi_slopes: ALiBi as in ``flashcute.attention``: float32 (nheads,) or
+            (batch, nheads) slopes (a row per sequence) on q's device; the distance of query
+            ``i`` and key ``j`` of sequence ``b`` is ``|i + seqlen_k[b] - seqlen_q[b] - j|``
+            with the sequence's own lengths (``seqlen_k[b]`` is ``seqused_k[b]`` where given).
+            The slopes get no gradient.
         return_lse: also return the float32 (nheads, total_q) natural-log log-sum-exp.
         out: optional (total_q, nheads, headdim) tensor of q's dtype to write into (not for jax
             arrays); it is returned.
@@ -133,6 +139,7 @@ def attention_varlen(
     max_seqlen_k = check_max_seqlen("max_seqlen_k", max_seqlen_k)
     if _torch_call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, out):
         check_scalars(causal, softmax_scale, backend)
+        check_torch_slopes(alibi_slopes)
         if out is not None:
             _refuse_grad_with_out(q, k, v, out)
         from . import _torch_varlen
@@ -141,16 +148,18 @@ def attention_varlen(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=seqused_k,
             causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, backend=backend,
             out=out, deterministic=deterministic, window=window, softcap=softcap,
+            alibi_slopes=alibi_slopes,
         )
     if out is not None:
         _refuse_grad_with_out(q, k, v, out)
     _refuse_grad_beside_other_arrays(
-        q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k
+        q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
+        alibi_slopes=alibi_slopes,
     )
     return attention_varlen_dlpack(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=seqused_k,
         causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, out=out,
-        backend=backend, window=window, softcap=softcap,
+        backend=backend, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
     )
 
 
@@ -177,6 +186,7 @@ def attention_varlen_dlpack(
     max_seqlen_k: int, *, seqused_k: Any = None, causal: bool = False,
     softmax_scale: Optional[float] = None, return_lse: bool = False, out: Any = None,
     backend: Optional[str] = None, window: Sequence[int] = (-1, -1), softcap: float = 0.0,
+    alibi_slopes: Any = None,
 ) -> Any:
     """``attention_varlen`` through DLPack, without autograd."""
     ext = varlen_extension()
@@ -184,10 +194,11 @@ def attention_varlen_dlpack(
     cu_q_x, cu_k_x = export(cu_seqlens_q), export(cu_seqlens_k)
     used_x = export(seqused_k) if seqused_k is not None else None
     out_x = export(out) if out is not None else None
+    slopes_x = export(alibi_slopes) if alibi_slopes is not None else None
     problem = validate_varlen(
         q_x, k_x, v_x, cu_q_x, cu_k_x, max_seqlen_q, max_seqlen_k, out_x, seqused_k=used_x,
         causal=causal, softmax_scale=softmax_scale, backend=backend, window=window,
-        softcap=softcap,
+        softcap=softcap, alibi_slopes=slopes_x,
     )
     out_adapter = framework_of(out) if out is not None else None
     if out_adapter is not None:
@@ -198,24 +209,26 @@ def attention_varlen_dlpack(
     result = out if out is not None else alloc.empty(like, problem.out_shape, problem.dtype)
     lse = alloc.empty(like, problem.lse_shape, "float32") if return_lse else None
     if not problem.empty_output:
-        tensors = (q_x, k_x, v_x, out_x if out is not None else result, lse, cu_q_x, cu_k_x, used_x)
+        tensors = (q_x, k_x, v_x, out_x if out is not None else result, lse, cu_q_x, cu_k_x, used_x,
+                   slopes_x)
         sync = alloc is not None and alloc.synchronize_after
         if sync:
-            for x in (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, out, result, lse):
+            for x in (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, out, result,
+                      lse):
                 adapter = framework_of(x) if x is not None else None
                 if adapter is not None:
                     adapter.prepare(x)
         stream = alloc.stream(like) if alloc is not None else 0
         nbytes = forward_workspace_bytes(ext, problem, causal, code) if alloc is not None else 0
         workspace = alloc.empty(like, (nbytes,), "uint8") if nbytes > 0 else None
-        q_l, k_l, v_l, out_l, lse_l, cu_q_l, cu_k_l, used_l = (
+        q_l, k_l, v_l, out_l, lse_l, cu_q_l, cu_k_l, used_l, slopes_l = (
             launchable(x) if x is not None else None for x in tensors
         )
         ext.forward(
             q_l, k_l, v_l, out_l, lse_l, problem.scale, causal, code, stream,
             launchable(workspace) if workspace is not None else None, problem.window_left,
-            problem.window_right, problem.softcap, cu_q_l, cu_k_l, used_l, problem.max_seqlen_q,
-            problem.max_seqlen_k,
+            problem.window_right, problem.softcap, slopes_l, cu_q_l, cu_k_l, used_l,
+            problem.max_seqlen_q, problem.max_seqlen_k,
         )
         if sync:
             ext.synchronize(stream, problem.device_id)
@@ -239,6 +252,7 @@ def attention_varlen_backward(
     softmax_scale: Optional[float] = None,
     window: Sequence[int] = (-1, -1),
     softcap: float = 0.0,
+    alibi_slopes: Any = None,
     dq: Any = None,
     dk: Any = None,
     dv: Any = None,
@@ -253,7 +267,7 @@ def attention_varlen_backward(
             to the forward.
         out, lse: the forward's output and its float32 (nheads, total_q) log-sum-exp
             (``attention_varlen(..., return_lse=True)``).
-        causal, softmax_scale, window, softcap: as given to the forward.
+        causal, softmax_scale, window, softcap, alibi_slopes: as given to the forward.
         dq, dk, dv: optional packed tensors to write into (q's, k's, v's shape and dtype).
         deterministic, backend: as in ``flashcute.attention_backward``.
 
@@ -275,6 +289,7 @@ def attention_varlen_backward(
     max_seqlen_k = check_max_seqlen("max_seqlen_k", max_seqlen_k)
     if _torch_call(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, dq, dk, dv):
         check_scalars(causal, softmax_scale, backend)
+        check_torch_slopes(alibi_slopes)
         check_backward_flags(deterministic, backend)
         from . import _torch_varlen
 
@@ -282,12 +297,13 @@ def attention_varlen_backward(
             dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
             seqused_k=seqused_k, causal=causal, softmax_scale=softmax_scale,
             deterministic=deterministic, backend=backend, dq=dq, dk=dk, dv=dv, window=window,
-            softcap=softcap,
+            softcap=softcap, alibi_slopes=alibi_slopes,
         )
     return attention_varlen_backward_dlpack(
         dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         seqused_k=seqused_k, causal=causal, softmax_scale=softmax_scale, dq=dq, dk=dk, dv=dv,
         deterministic=deterministic, backend=backend, window=window, softcap=softcap,
+        alibi_slopes=alibi_slopes,
     )
 
 
@@ -296,7 +312,7 @@ def attention_varlen_backward_dlpack(
     max_seqlen_q: int, max_seqlen_k: int, *, seqused_k: Any = None, causal: bool = False,
     softmax_scale: Optional[float] = None, dq: Any = None, dk: Any = None, dv: Any = None,
     deterministic: bool = False, backend: Optional[str] = None,
-    window: Sequence[int] = (-1, -1), softcap: float = 0.0,
+    window: Sequence[int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Any = None,
 ) -> tuple[Any, Any, Any]:
     """``attention_varlen_backward`` through DLPack, for every framework."""
     alloc = framework_of(q)
@@ -309,10 +325,11 @@ def attention_varlen_backward_dlpack(
     exported = [export(x) for x in (dout, q, k, v, out, lse)]
     cu_q_x, cu_k_x = export(cu_seqlens_q), export(cu_seqlens_k)
     used_x = export(seqused_k) if seqused_k is not None else None
+    slopes_x = export(alibi_slopes) if alibi_slopes is not None else None
     problem = validate_varlen_backward(
         *exported, cu_q_x, cu_k_x, max_seqlen_q, max_seqlen_k, seqused_k=used_x, dq=dq, dk=dk,
         dv=dv, causal=causal, softmax_scale=softmax_scale, deterministic=deterministic,
-        backend=backend, window=window, softcap=softcap,
+        backend=backend, window=window, softcap=softcap, alibi_slopes=slopes_x,
     )
     for x in (dq, dk, dv):
         adapter = framework_of(x) if x is not None else None
@@ -330,16 +347,17 @@ def attention_varlen_backward_dlpack(
     nbytes = backward_workspace_bytes(ext, problem, causal, deterministic, code)
     workspace = alloc.empty(q, (nbytes,), "uint8")
     if alloc.synchronize_after:
-        for x in (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k):
+        for x in (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes):
             if x is not None:
                 alloc.prepare(x)
     stream = alloc.stream(q)
     ext.backward(
         *[launchable(x) for x in (*exported, *[export(g) for g in grads], workspace)],
         problem.scale, causal, deterministic, code, stream, problem.window_left,
-        problem.window_right, problem.softcap, launchable(cu_q_x), launchable(cu_k_x),
-        launchable(used_x) if used_x is not None else None, problem.max_seqlen_q,
-        problem.max_seqlen_k,
+        problem.window_right, problem.softcap,
+        launchable(slopes_x) if slopes_x is not None else None, launchable(cu_q_x),
+        launchable(cu_k_x), launchable(used_x) if used_x is not None else None,
+        problem.max_seqlen_q, problem.max_seqlen_k,
     )
     if alloc.synchronize_after:
         ext.synchronize(stream, problem.device_id)
