@@ -151,7 +151,8 @@ Params bounded(Params p) {
   return p;
 }
 
-// Sizes, dtype, scale, window and softcap: the checks the forward and the backward share.
+// Sizes, dtype, scale, window, softcap and ALiBi's stride: the checks the forward and the
+// backward share (also for workspace-size queries, which pass no pointers).
 template <class Params>
 Status check_problem(const Params& p) {
   if (varlen(p) && (p.seqlen_q < 0 || p.seqlen_k < 0))
@@ -186,6 +187,32 @@ Status check_problem(const Params& p) {
       (p.softcap > 0.f && !(std::isfinite(p.softcap / p.softmax_scale) &&
                             p.softmax_scale / p.softcap >= std::numeric_limits<float>::min())))
     return invalid("softcap: expected 0 or a finite positive float32 within 2^126 of softmax_scale");
+  if (p.alibi_slopes_batch_stride < 0)
+    return invalid("alibi_slopes_batch_stride: expected a value >= 0 (0: one row of slopes for every batch)");
+  return Status{};
+}
+
+// ALiBi's slopes as an operand: nheads float32 values per batch row (one row with a batch
+// stride of 0), an input of the kernels.
+template <class Params>
+Operand alibi_operand(const Params& p) {
+  const int64_t rows = p.alibi_slopes_batch_stride == 0 ? 1 : p.batch;
+  return Operand{"alibi_slopes", p.alibi_slopes, 2, {rows, p.nheads, 1, 1},
+                 {p.alibi_slopes_batch_stride, 1, 1, 1}, 4,
+                 p.alibi_slopes != nullptr && rows > 0 && p.nheads > 0};
+}
+
+// The slopes' pointer: none, or a 4-byte aligned one; a batch stride without slopes is a
+// caller's mistake, not "off".
+template <class Params>
+Status check_alibi(const Params& p) {
+  if (p.alibi_slopes == nullptr && p.alibi_slopes_batch_stride != 0)
+    return make_status(StatusCode::kInvalidArgument,
+                       "alibi_slopes: null, but alibi_slopes_batch_stride is %lld; pass the slopes "
+                       "or a batch stride of 0",
+                       static_cast<long long>(p.alibi_slopes_batch_stride));
+  if (reinterpret_cast<uintptr_t>(p.alibi_slopes) % alignof(float) != 0)
+    return invalid("alibi_slopes: expected a 4-byte aligned float32 device pointer");
   return Status{};
 }
 
@@ -211,6 +238,7 @@ Status check_forward(const AttentionForwardParams& p) {
   if (empty) return Status{};
   if (p.q == nullptr || p.out == nullptr || (p.seqlen_k > 0 && (p.k == nullptr || p.v == nullptr)))
     return invalid("q, k, v and out must not be null");
+  if (Status s = check_alibi(p); !s.ok()) return s;
   const bool has_k = p.seqlen_k > 0;
   const Rows qr = q_rows(p), kr = k_rows(p);
   const Operand inputs[] = {
@@ -220,6 +248,7 @@ Status check_forward(const AttentionForwardParams& p) {
               p.k_row_stride, p.k_head_stride, 2, has_k),
       tensor4("v", p.v, kr.batch, kr.rows, p.nheads_kv, p.headdim, kr.batch_stride(p.v_batch_stride),
               p.v_row_stride, p.v_head_stride, 2, has_k),
+      alibi_operand(p),
   };
   const Operand outputs[] = {
       tensor4("out", p.out, qr.batch, qr.rows, p.nheads, p.headdim, qr.batch_stride(p.out_batch_stride),
@@ -228,8 +257,9 @@ Status check_forward(const AttentionForwardParams& p) {
                  p.lse_head_stride),
       bytes_buffer("workspace", p.workspace, p.workspace_bytes),
   };
-  for (const Operand& o : inputs)
-    if (Status s = check_aligned16(o); !s.ok()) return s;
+  for (const Operand& o : inputs)  // the slopes are read as single floats
+    if (o.elem_bytes == 2)
+      if (Status s = check_aligned16(o); !s.ok()) return s;
   if (Status s = check_aligned16(outputs[0]); !s.ok()) return s;
   if (p.workspace != nullptr && reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0)
     return invalid("workspace: expected a 16-byte aligned device buffer");
@@ -254,6 +284,9 @@ void set_mask_and_hook(Kernel& k, const Params& p) {
   k.causal = p.causal || (k.window_right == 0 && k.window_left == p.seqlen_k);
   k.softcap_in = p.softcap > 0.f ? p.softmax_scale / p.softcap : 0.f;
   k.softcap_out = p.softcap > 0.f ? p.softcap / p.softmax_scale : 0.f;
+  k.alibi_slopes = p.alibi_slopes;
+  k.alibi_batch_stride = p.alibi_slopes == nullptr ? 0 : p.alibi_slopes_batch_stride;
+  k.alibi_scale = -1.f / p.softmax_scale;
 }
 
 // The sequence view's fields (seq_view.h); the packed row counts only with their offsets.
@@ -314,6 +347,7 @@ Status check_backward(const AttentionBackwardParams& p) {
                  p.dq == nullptr)) ||
       (has_k && (p.k == nullptr || p.v == nullptr || p.dk == nullptr || p.dv == nullptr)))
     return invalid("dout, q, k, v, out, lse, dq, dk and dv must not be null");
+  if (Status s = check_alibi(p); !s.ok()) return s;
   const Rows qr = q_rows(p), kr = k_rows(p);
   auto q_like = [&](const char* name, const void* ptr, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
     return tensor4(name, ptr, qr.batch, qr.rows, p.nheads, p.headdim, qr.batch_stride(batch_stride), row_stride,
@@ -331,6 +365,7 @@ Status check_backward(const AttentionBackwardParams& p) {
       q_like("out", p.out, p.out_batch_stride, p.out_row_stride, p.out_head_stride),
       lse_tensor("lse", p.lse, qr.batch, p.nheads, qr.rows, qr.batch_stride(p.lse_batch_stride), p.lse_head_stride,
                  has_q),
+      alibi_operand(p),
   };
   const Operand outputs[] = {
       q_like("dq", p.dq, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride),
@@ -338,7 +373,7 @@ Status check_backward(const AttentionBackwardParams& p) {
       k_like("dv", p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride),
       bytes_buffer("workspace", p.workspace, p.workspace_bytes),
   };
-  for (const Operand& o : inputs)  // lse is read as single floats
+  for (const Operand& o : inputs)  // lse and the slopes are read as single floats
     if (o.elem_bytes == 2)
       if (Status s = check_aligned16(o); !s.ok()) return s;
   for (int i = 0; i < 3; ++i)  // dq, dk, dv; the workspace is checked with its layout

@@ -33,8 +33,13 @@ struct FwdKernelParams {
   // window_right in [0, seqlen_q]; the clip values leave a side unbounded, causal sets right to 0.
   int window_left, window_right;
   // Score hook (score_hook.h): softcap_in = softmax_scale / softcap, 0 when off, and
-  // softcap_out = softcap / softmax_scale.
+  // softcap_out = softcap / softmax_scale; ALiBi's float32 slopes, (batch, nheads) with
+  // alibi_batch_stride (0: one row for every batch) or null when off, and alibi_scale =
+  // -1 / softmax_scale, which turns a slope into raw-score units.
   float softcap_in, softcap_out;
+  const float* __restrict__ alibi_slopes;
+  int64_t alibi_batch_stride;
+  float alibi_scale;
   // Variable-length batches (seq_view.h): null leaves the fixed sizes. With cu_seqlens_q,
   // sequence b's queries are rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of the packed q, out
   // and lse (batch strides 0) and seqlen_q is the longest sequence's length; likewise for keys.
@@ -98,8 +103,13 @@ struct BwdKernelParams {
   // window_right in [0, seqlen_q]; the clip values leave a side unbounded, causal sets right to 0.
   int window_left, window_right;
   // Score hook (score_hook.h): softcap_in = softmax_scale / softcap, 0 when off, and
-  // softcap_out = softcap / softmax_scale.
+  // softcap_out = softcap / softmax_scale; ALiBi's float32 slopes, (batch, nheads) with
+  // alibi_batch_stride (0: one row for every batch) or null when off, and alibi_scale =
+  // -1 / softmax_scale, which turns a slope into raw-score units.
   float softcap_in, softcap_out;
+  const float* __restrict__ alibi_slopes;
+  int64_t alibi_batch_stride;
+  float alibi_scale;
   // Variable-length batches, as in FwdKernelParams (seq_view.h). The workspace keeps
   // seqlen_q_padded rows per (batch, head) whatever the layout of q: sequence b's row r is
   // workspace row r of batch b.

@@ -35,13 +35,14 @@ class ReferenceKernel:
         self.calls: list[dict[str, Any]] = []
 
     def __call__(self, q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1),
-                 softcap=0.0, return_lse=False, out=None, backend=None, deterministic=False):
+                 softcap=0.0, alibi_slopes=None, return_lse=False, out=None, backend=None,
+                 deterministic=False):
         self.calls.append(dict(q=q, k=k, v=v, causal=causal, softmax_scale=softmax_scale,
-                               window=tuple(window), softcap=softcap, out=out,
-                               deterministic=deterministic))
+                               window=tuple(window), softcap=softcap, alibi_slopes=alibi_slopes,
+                               out=out, deterministic=deterministic))
         result = reference.attention(q, k, v, causal=causal, softmax_scale=softmax_scale,
-                                     window=window, softcap=softcap, return_lse=return_lse,
-                                     dtype=q.dtype)
+                                     window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                                     return_lse=return_lse, dtype=q.dtype)
         if out is not None:
             out.copy_(result[0] if return_lse else result)
             return (out, result[1]) if return_lse else out
@@ -283,10 +284,11 @@ def test_flash_attn_func_windows(kernel, window_size, causal, seqlen_q, want):
                                rtol=1e-10, atol=1e-10)
 
 
-def fa_window_oracle(q, k, v, window_size, causal, softcap=0.0, scale=None):
+def fa_window_oracle(q, k, v, window_size, causal, softcap=0.0, scale=None, alibi_slopes=None):
     """FlashAttention's sliding-window attention as its documentation states it, written
     out here: query i sees key j iff i + sk - sq - left <= j <= i + sk - sq + right, a bound
-    that is negative or at least seqlen_k being none, causal making right 0."""
+    that is negative or at least seqlen_k being none, causal making right 0; ALiBi adds
+    -slope * |i + sk - sq - j| to the (softcapped) score."""
     seqlen_q, seqlen_k, headdim = q.shape[1], k.shape[1], q.shape[3]
     left, right = (b if 0 <= b < seqlen_k else None for b in window_size)
     if causal:
@@ -299,6 +301,8 @@ def fa_window_oracle(q, k, v, window_size, causal, softcap=0.0, scale=None):
         scores = softcap * torch.tanh(scores / softcap)
     i = torch.arange(seqlen_q)[:, None] + seqlen_k - seqlen_q
     j = torch.arange(seqlen_k)[None, :]
+    if alibi_slopes is not None:  # (nheads,) or (batch, nheads) against scores (b, h, i, j)
+        scores = scores - alibi_slopes.to(scores.dtype)[..., None, None] * (i - j).abs()
     seen = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool)
     if left is not None:
         seen &= j >= i - left
@@ -322,6 +326,22 @@ def test_flash_attn_func_softcap(kernel):
     assert (out - uncapped).abs().max() > 1e-2  # the cap changed the result
 
 
+@pytest.mark.parametrize("per_batch", [False, True])
+def test_flash_attn_func_alibi(kernel, per_batch):
+    q, k, v = fa_inputs(seqlen_q=5, seqlen_k=7)
+    gen = torch.Generator().manual_seed(3)
+    shape = (2, 4) if per_batch else (4,)
+    slopes = torch.rand(shape, generator=gen, dtype=torch.float32) * 2
+    out = flashcute.flash_attn_func(q, k, v, softmax_scale=0.5, causal=True, window_size=(3, 0),
+                                    softcap=2.0, alibi_slopes=slopes)
+    (call,) = kernel.calls
+    assert call["alibi_slopes"] is slopes
+    want = fa_window_oracle(q, k, v, (3, 0), True, softcap=2.0, scale=0.5, alibi_slopes=slopes)
+    torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-10)
+    unbiased = fa_window_oracle(q, k, v, (3, 0), True, softcap=2.0, scale=0.5)
+    assert (out - unbiased).abs().max() > 1e-2  # the bias changed the result
+
+
 @pytest.mark.parametrize("softcap,error", [(-1.0, ValueError), (float("nan"), ValueError),
                                            (True, TypeError), (None, TypeError)])
 def test_flash_attn_func_bad_softcap(kernel, softcap, error):
@@ -338,7 +358,7 @@ def test_flash_attn_func_window_size_type(kernel, window_size):
 
 
 @pytest.mark.parametrize("name,value", [
-    ("dropout_p", 0.1), ("alibi_slopes", torch.ones(4)), ("qv", torch.ones(1)),
+    ("dropout_p", 0.1), ("qv", torch.ones(1)),
     ("q_descale", torch.ones(1)), ("k_descale", torch.ones(1)), ("v_descale", torch.ones(1)),
     ("attention_chunk", 128),
 ])

@@ -932,7 +932,8 @@ def test_forward_fn_passes_window_and_softcap(monkeypatch) -> None:
 def test_run_loop_times_features_on_flashcute_only(monkeypatch) -> None:
     seen: list[tuple] = []
 
-    def reference(q, k, v, causal, *, window=NO_WINDOW, softcap=0.0):
+    def reference(q, k, v, causal, *, window=NO_WINDOW, softcap=0.0, alibi=False):
+        assert alibi is False
         seen.append((causal, tuple(window), softcap))
         return q
 
@@ -1025,7 +1026,7 @@ def _fake_main_run(monkeypatch, argv: list[str]) -> tuple[int, list, dict]:
     def fake_run(configs, chosen, **kwargs):
         seen["configs"], seen["impls"] = list(configs), list(chosen)
         return [BenchRow.from_config(impl, cfg, 100.0) for cfg in configs for impl in chosen
-                if feature_skip_reason(impl, cfg.window, cfg.softcap) is None]
+                if feature_skip_reason(impl, cfg.window, cfg.softcap, cfg.alibi) is None]
 
     monkeypatch.setattr(cli.timing, "run_benchmark", fake_run)
     return main(argv + ["--no-progress"]), seen["configs"], seen
@@ -1044,6 +1045,24 @@ def test_main_with_window_times_flashcute_only(monkeypatch, tmp_path, capsys) ->
     assert "note: sdpa-cudnn not timed with window=4096,0" in err
     rows = json.loads(path.read_text())["rows"]
     assert {(r["feature"], tuple(r["window"])) for r in rows} == {("window", (4096, 0))}
+
+
+def test_main_with_alibi_times_flashcute_only(monkeypatch, tmp_path, capsys) -> None:
+    path = tmp_path / "a.json"
+    code, configs, seen = _fake_main_run(monkeypatch, [
+        "--shape", "1,4096,4096,16,16,128", "--causal", "yes", "--alibi", "--json", str(path)])
+    assert code == 0
+    assert seen["impls"] == ["flashcute-ampere", "flashcute-hopper"]
+    assert [(c.alibi, c.window, c.softcap) for c in configs] == [(True, NO_WINDOW, 0.0)]
+    out, err = capsys.readouterr()
+    assert "feature: alibi" in out and "note: sdpa-cudnn not timed with alibi" in err
+    rows = json.loads(path.read_text())["rows"]
+    assert {(r["feature"], r["alibi"]) for r in rows} == {("alibi", True)}
+    code, configs, seen = _fake_main_run(monkeypatch, [
+        "--shape", "1,4096,4096,16,16,128", "--causal", "no", "--alibi", "--window", "512,512",
+        "--with-dense"])
+    assert code == 0 and seen["impls"] == list(IMPLS)
+    assert [c.feature for c in configs] == ["dense", "window+alibi"]
 
 
 def test_main_with_dense_keeps_the_baselines(monkeypatch, tmp_path, capsys) -> None:

@@ -58,6 +58,7 @@ def test_cmake_consumer(tmp_path):
     _check(result, "running the consumer")
     assert f"flashcute version: {version}" in result.stdout, result.stdout
     assert "invalid call rejected:" in result.stdout, result.stdout
+    assert "invalid alibi slopes rejected" in result.stdout, result.stdout
     assert (
         "backward workspace: 66560 bytes (deterministic: 1024); invalid backward rejected:"
         in result.stdout

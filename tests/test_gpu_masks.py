@@ -58,10 +58,12 @@ def visible_keys(seqlen_q: int, seqlen_k: int, window, causal: bool, device) -> 
     return seen
 
 
-def check_forward(out, lse, q, k, v, *, causal, window, softcap, softmax_scale=None) -> int:
+def check_forward(out, lse, q, k, v, *, causal, window, softcap, softmax_scale=None,
+                  alibi_slopes=None) -> int:
     """Assert out (and lse unless None) against float64; return the number of empty rows."""
     batch, seqlen_q, nheads, _ = q.shape
-    mask = dict(causal=causal, window=window, softcap=softcap, softmax_scale=softmax_scale)
+    mask = dict(causal=causal, window=window, softcap=softcap, softmax_scale=softmax_scale,
+                alibi_slopes=alibi_slopes)
     ref, ref_lse = reference.attention(q, k, v, return_lse=True, dtype=torch.float64, **mask)
     low = reference.attention(q, k, v, dtype=q.dtype, **mask)
     empty = ~visible_keys(seqlen_q, k.shape[1], window, causal, q.device).any(dim=1)
@@ -104,21 +106,27 @@ def ref_grads(q, k, v, dout, *, dtype, **mask):
     return [x.grad for x in leaves]
 
 
-def formula_grads(q, k, v, dout, *, causal, window, softcap, softmax_scale=None):
+def formula_grads(q, k, v, dout, *, causal, window, softcap, softmax_scale=None,
+                  alibi_slopes=None):
     """dq, dk, dv by the FlashAttention backward formula in PyTorch, matmuls in q's dtype:
     dS = P ∘ (dP - rowsum(dO ∘ O)) with O rounded to q's dtype, times softcap's derivative
-    1 - tanh² where softcap is on."""
+    1 - tanh² where softcap is on; ALiBi's bias enters P only."""
     dtype, nheads, headdim = q.dtype, q.shape[2], q.shape[3]
     group = nheads // max(k.shape[2], 1)
     scale = 1.0 / math.sqrt(headdim) if softmax_scale is None else softmax_scale
     out, lse = reference.attention(q, k, v, causal=causal, window=window, softcap=softcap,
-                                   softmax_scale=scale, return_lse=True, dtype=dtype)
+                                   softmax_scale=scale, return_lse=True, dtype=dtype,
+                                   alibi_slopes=alibi_slopes)
     qt, ot, dot = (x.transpose(1, 2) for x in (q, out.to(dtype), dout))
     kt, vt = (x.transpose(1, 2).repeat_interleave(group, dim=1) for x in (k, v))
     scores = torch.matmul(qt, kt.transpose(-1, -2)).float() * scale
     if softcap > 0:
         tanh = torch.tanh(scores / softcap)
         scores = softcap * tanh
+    if alibi_slopes is not None:
+        diag = torch.arange(q.shape[1], device=q.device)[:, None] + (k.shape[1] - q.shape[1])
+        dist = (diag - torch.arange(k.shape[1], device=q.device)[None, :]).abs().float()
+        scores = scores - alibi_slopes.float()[..., None, None] * dist
     seen = visible_keys(q.shape[1], k.shape[1], window, causal, q.device)
     scores = scores.masked_fill(~seen, float("-inf"))
     finite_lse = torch.where(torch.isneginf(lse), torch.full_like(lse, math.inf), lse)
@@ -140,9 +148,11 @@ def formula_grads(q, k, v, dout, *, causal, window, softcap, softmax_scale=None)
     return dq.transpose(1, 2).to(dtype), to_layout(dk, k.shape[2]), to_layout(dv, k.shape[2])
 
 
-def check_grads(grads, q, k, v, dout, *, causal, window, softcap, softmax_scale=None):
+def check_grads(grads, q, k, v, dout, *, causal, window, softcap, softmax_scale=None,
+                alibi_slopes=None):
     """Assert dq, dk, dv against float64 autograd; return (empty query rows, unseen keys)."""
-    mask = dict(causal=causal, window=window, softcap=softcap, softmax_scale=softmax_scale)
+    mask = dict(causal=causal, window=window, softcap=softcap, softmax_scale=softmax_scale,
+                alibi_slopes=alibi_slopes)
     exact = ref_grads(q, k, v, dout, dtype=torch.float64, **mask)
     autograd_low = ref_grads(q, k, v, dout, dtype=q.dtype, **mask)
     formula_low = formula_grads(q, k, v, dout, **mask)
@@ -173,23 +183,25 @@ def check_grads(grads, q, k, v, dout, *, causal, window, softcap, softmax_scale=
 # Calls.
 
 
-def run_forward(q, k, v, *, backend, causal, window, softcap, softmax_scale=None):
+def run_forward(q, k, v, *, backend, causal, window, softcap, softmax_scale=None,
+                alibi_slopes=None):
     """Forward into a NaN-poisoned out= with lse, checked; returns (out, lse, empty rows)."""
     out = poisoned_like(q)
     result, lse = flashcute.attention(
         q, k, v, causal=causal, softmax_scale=softmax_scale, window=window, softcap=softcap,
-        return_lse=True, out=out, backend=backend,
+        alibi_slopes=alibi_slopes, return_lse=True, out=out, backend=backend,
     )
     assert result is out
     empty = check_forward(result, lse, q, k, v, causal=causal, window=window, softcap=softcap,
-                          softmax_scale=softmax_scale)
+                          softmax_scale=softmax_scale, alibi_slopes=alibi_slopes)
     return result, lse, empty
 
 
 def run_backward(q, k, v, dout, *, backend, causal, window, softcap, softmax_scale=None,
-                 deterministic=False):
+                 deterministic=False, alibi_slopes=None):
     """attention_backward into NaN-poisoned dq, dk, dv after a forward with the same mask."""
-    mask = dict(causal=causal, window=window, softcap=softcap, softmax_scale=softmax_scale)
+    mask = dict(causal=causal, window=window, softcap=softcap, softmax_scale=softmax_scale,
+                alibi_slopes=alibi_slopes)
     with torch.no_grad():
         out, lse = flashcute.attention(q, k, v, return_lse=True, **mask)
     bufs = [torch.full_like(x, math.nan) for x in (q, k, v)]
@@ -202,11 +214,11 @@ def run_backward(q, k, v, dout, *, backend, causal, window, softcap, softmax_sca
 
 
 def autograd_grads(q, k, v, dout, *, backend, causal, window, softcap, softmax_scale=None,
-                   deterministic=False):
+                   deterministic=False, alibi_slopes=None):
     leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
     out = flashcute.attention(*leaves, causal=causal, window=window, softcap=softcap,
                               softmax_scale=softmax_scale, backend=backend,
-                              deterministic=deterministic)
+                              deterministic=deterministic, alibi_slopes=alibi_slopes)
     assert out.requires_grad
     out.backward(dout)
     return out.detach(), [x.grad for x in leaves]

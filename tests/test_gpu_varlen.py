@@ -6,7 +6,9 @@ error; rows with no visible key exactly 0 with lse -inf; unseen keys exactly 0 g
 and the whole packed output against ``flashcute.reference.attention_varlen``. Every output
 buffer starts NaN-filled and every row belongs to a sequence, so an unwritten row shows.
 With ``seqused_k``, the key and value rows past each sequence's used keys hold NaN: the
-results must not see them, and their dk, dv must be exactly 0.
+results must not see them, and their dk, dv must be exactly 0. ALiBi's distance takes each
+sequence's own lengths (its used keys with ``seqused_k``), with (nheads,) slopes or a row of
+(batch, nheads) slopes per sequence.
 """
 
 from __future__ import annotations
@@ -88,6 +90,12 @@ class Batch:
             used = self.used_lengths[b]
             yield (slice(q0, q0 + sq), slice(k0, k0 + used), slice(k0 + used, k0 + sk))
 
+    def slopes_of(self, slopes, b):
+        """Sequence b's ALiBi slopes, (nheads,), or None."""
+        if slopes is None or slopes.dim() == 1:
+            return slopes
+        return slopes[b]
+
     def clean_kv(self):
         """k, v with the unused rows zeroed (for references that must not see NaN)."""
         k, v = self.k.clone(), self.v.clone()
@@ -97,17 +105,19 @@ class Batch:
         return k, v
 
 
-def check_varlen_forward(batch: Batch, out, lse, *, causal, window, softcap):
+def check_varlen_forward(batch: Batch, out, lse, *, causal, window, softcap, alibi_slopes=None):
     assert out.shape == batch.q.shape and lse.shape == (batch.q.shape[1], batch.q.shape[0])
     assert torch.isfinite(out).all(), "output has non-finite elements (unwritten or NaN)"
     assert not torch.isnan(lse).any(), "lse has NaN (unwritten)"
     mask = dict(causal=causal, window=window, softcap=softcap)
-    for rows, keys, _ in batch.spans():
+    for b, (rows, keys, _) in enumerate(batch.spans()):
         check_forward(out[None, rows], lse[None, :, rows], batch.q[None, rows],
-                      batch.k[None, keys], batch.v[None, keys], **mask)
+                      batch.k[None, keys], batch.v[None, keys],
+                      alibi_slopes=batch.slopes_of(alibi_slopes, b), **mask)
     # The whole packed result against the packed reference.
     k, v = batch.clean_kv()
     ref_args = (batch.q, k, v, batch.cu_q, batch.cu_k)
+    mask["alibi_slopes"] = alibi_slopes
     ref = reference.attention_varlen(*ref_args, seqused_k=batch.used, dtype=torch.float64, **mask)
     low = reference.attention_varlen(*ref_args, seqused_k=batch.used, dtype=batch.q.dtype, **mask)
     err = (out.double() - ref).abs().max().item()
@@ -115,33 +125,35 @@ def check_varlen_forward(batch: Batch, out, lse, *, causal, window, softcap):
     assert err <= 2 * torch_err + OUT_ABS_FLOOR, (err, torch_err)
 
 
-def check_varlen_grads(batch: Batch, grads, dout, *, causal, window, softcap):
+def check_varlen_grads(batch: Batch, grads, dout, *, causal, window, softcap, alibi_slopes=None):
     dq, dk, dv = grads
     assert dq.shape == batch.q.shape and dk.shape == dv.shape == batch.k.shape
     for name, g in zip(("dq", "dk", "dv"), grads):
         assert torch.isfinite(g).all(), f"{name} has non-finite elements (unwritten or NaN)"
-    for rows, keys, unused in batch.spans():
+    for b, (rows, keys, unused) in enumerate(batch.spans()):
         if rows.stop == rows.start or keys.stop == keys.start:
             # No (query, key) pair at all: every gradient of the sequence is exactly 0.
             assert (dq[rows] == 0).all() and (dk[keys] == 0).all() and (dv[keys] == 0).all()
         else:
             check_grads((dq[None, rows], dk[None, keys], dv[None, keys]), batch.q[None, rows],
                         batch.k[None, keys], batch.v[None, keys], dout[None, rows],
-                        causal=causal, window=window, softcap=softcap)
+                        causal=causal, window=window, softcap=softcap,
+                        alibi_slopes=batch.slopes_of(alibi_slopes, b))
         assert (dk[unused] == 0).all() and (dv[unused] == 0).all(), "keys past seqused_k need 0"
 
 
-def run_forward(batch: Batch, *, backend, causal, window, softcap):
+def run_forward(batch: Batch, *, backend, causal, window, softcap, alibi_slopes=None):
     out = torch.full_like(batch.q, math.nan)
     result, lse = flashcute.attention_varlen(
         *batch.args(), seqused_k=batch.used, causal=causal, window=window, softcap=softcap,
-        return_lse=True, out=out, backend=backend)
+        alibi_slopes=alibi_slopes, return_lse=True, out=out, backend=backend)
     assert result is out
     return out, lse
 
 
-def run_backward(batch: Batch, dout, *, backend, causal, window, softcap, deterministic=False):
-    mask = dict(causal=causal, window=window, softcap=softcap)
+def run_backward(batch: Batch, dout, *, backend, causal, window, softcap, deterministic=False,
+                 alibi_slopes=None):
+    mask = dict(causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes)
     out, lse = flashcute.attention_varlen(*batch.args(), seqused_k=batch.used, return_lse=True,
                                           **mask)
     bufs = [torch.full_like(x, math.nan) for x in (batch.q, batch.k, batch.v)]
@@ -174,6 +186,26 @@ def test_forward(gen, backend, causal, window, softcap, seqused, nheads_kv):
     batch = Batch(gen, MIXED, nheads_kv=nheads_kv, seqused=seqused)
     out, lse = run_forward(batch, backend=backend, causal=causal, window=window, softcap=softcap)
     check_varlen_forward(batch, out, lse, causal=causal, window=window, softcap=softcap)
+
+
+# Causal with many query tiles: the longest sequence sets the tile pairs (an even and an odd
+# count at 128- and 192-row tiles), the others pair their own tiles, from one tile to all,
+# with every partial-tile remainder class (row shifts of 0, 64 and 128 rows).
+LONG_MIXED = {
+    "max1100": [(1100, 1100), (1000, 700), (577, 577), (385, 900), (191, 191), (0, 5), (64, 0),
+                (833, 833), (1, 1), (449, 449), (130, 1100)],
+    "max959": [(959, 959), (768, 768), (700, 300), (129, 129), (0, 0), (63, 64), (959, 0),
+               (320, 320), (193, 500)],
+}
+
+
+@pytest.mark.parametrize("backend", _fwd_backends(HEADDIM))
+@pytest.mark.parametrize("seqs", list(LONG_MIXED.values()), ids=list(LONG_MIXED))
+@pytest.mark.parametrize("seqused", [False, True])
+def test_causal_tiles_per_sequence(gen, backend, seqs, seqused):
+    batch = Batch(gen, seqs, seqused=seqused)
+    out, lse = run_forward(batch, backend=backend, causal=True, window=NO_WINDOW, softcap=0.0)
+    check_varlen_forward(batch, out, lse, causal=True, window=NO_WINDOW, softcap=0.0)
 
 
 @pytest.mark.parametrize("backend", _bwd_backends(HEADDIM))
@@ -296,3 +328,118 @@ def test_flash_attn_varlen_func(gen, backend):
     out, lse, _ = flashcute.flash_attn_varlen_func(*batch.args(), causal=True,
                                                    window_size=(W, 0), return_attn_probs=True)
     check_varlen_forward(batch, out, lse, causal=True, window=(W, 0), softcap=0.0)
+
+
+# ---------------------------------------------------------------------------------------
+# ALiBi: the distance |i + seqlen_k - seqlen_q - j| of each sequence's own lengths.
+
+
+def _slopes(gen, batch: Batch, per_sequence: bool) -> torch.Tensor:
+    """(nheads,) geometric slopes, or (batch, nheads) random ones in [0.01, 0.5]."""
+    nheads = batch.q.shape[1]
+    if not per_sequence:
+        return torch.tensor([2.0 ** (-8.0 * (h + 1) / nheads) for h in range(nheads)],
+                            dtype=torch.float32, device="cuda")
+    u = torch.rand((len(batch.seqs), nheads), generator=gen, device="cuda", dtype=torch.float32)
+    return 0.01 + 0.49 * u
+
+
+def _alibi_cases():
+    """(causal, window, softcap, seqused, per-sequence slopes): ALiBi alone and with causal,
+    windows and softcap, with and without seqused_k (whose length the distance takes)."""
+    cases = []
+    for i, (causal, window, softcap) in enumerate([
+        (False, NO_WINDOW, 0.0), (True, NO_WINDOW, 0.0), (False, (W, W), 0.0),
+        (True, (W, -1), 0.0), (False, NO_WINDOW, 15.0), (True, (W, 0), 15.0),
+    ]):
+        for seqused in (False, True):
+            per_sequence = (i + seqused) % 2 == 1
+            cases.append(pytest.param(
+                causal, window, softcap, seqused, per_sequence,
+                id=f"{'causal' if causal else 'full'}-w{window[0]}_{window[1]}"
+                   f"{'-cap' if softcap else ''}{'-used' if seqused else ''}"
+                   f"-{'slopes_bh' if per_sequence else 'slopes_h'}"))
+    return cases
+
+
+@pytest.mark.parametrize("backend", _fwd_backends(HEADDIM))
+@pytest.mark.parametrize("causal, window, softcap, seqused, per_sequence", _alibi_cases())
+def test_forward_alibi(gen, backend, causal, window, softcap, seqused, per_sequence):
+    batch = Batch(gen, MIXED, seqused=seqused)
+    slopes = _slopes(gen, batch, per_sequence)
+    mask = dict(causal=causal, window=window, softcap=softcap, alibi_slopes=slopes)
+    out, lse = run_forward(batch, backend=backend, **mask)
+    check_varlen_forward(batch, out, lse, **mask)
+
+
+@pytest.mark.parametrize("backend", _bwd_backends(HEADDIM))
+@pytest.mark.parametrize("causal, window, softcap, seqused, per_sequence", _alibi_cases())
+def test_backward_alibi(gen, backend, causal, window, softcap, seqused, per_sequence):
+    batch = Batch(gen, MIXED, seqused=seqused)
+    slopes = _slopes(gen, batch, per_sequence)
+    mask = dict(causal=causal, window=window, softcap=softcap, alibi_slopes=slopes)
+    dout = torch.randn(batch.q.shape, generator=gen, device="cuda", dtype=batch.q.dtype)
+    grads = run_backward(batch, dout, backend=backend, **mask)
+    check_varlen_grads(batch, grads, dout, **mask)
+
+
+@pytest.mark.parametrize("backend", _fwd_backends(HEADDIM))
+@pytest.mark.parametrize("causal", [False, True])
+def test_alibi_equal_lengths_match_the_dense_call(gen, backend, causal):
+    """Sequences of one length with per-sequence slopes give the fixed-length call's output,
+    lse and gradients: the packed call reads the slope row of its sequence."""
+    nseq, seqlen = 3, 333
+    batch = Batch(gen, [(seqlen, seqlen)] * nseq)
+    slopes = _slopes(gen, batch, True)
+    dense = [x.view(nseq, seqlen, *x.shape[1:]) for x in (batch.q, batch.k, batch.v)]
+    out, lse = flashcute.attention_varlen(*batch.args(), causal=causal, alibi_slopes=slopes,
+                                          return_lse=True, backend=backend)
+    want, want_lse = flashcute.attention(*dense, causal=causal, alibi_slopes=slopes,
+                                         return_lse=True, backend=backend)
+    tol = 1e-2 if batch.q.dtype == torch.bfloat16 else 2e-3
+    torch.testing.assert_close(out.view_as(want), want, atol=tol, rtol=tol)
+    torch.testing.assert_close(lse.view(lse.shape[0], nseq, seqlen).transpose(0, 1), want_lse,
+                               atol=1e-3, rtol=1e-4)
+    dout = torch.randn(batch.q.shape, generator=gen, device="cuda", dtype=batch.q.dtype)
+    grads = flashcute.attention_varlen_backward(dout, *batch.args()[:3], out, lse,
+                                                *batch.args()[3:], causal=causal,
+                                                alibi_slopes=slopes)
+    want_grads = flashcute.attention_backward(dout.view_as(want), *dense, want, want_lse,
+                                              causal=causal, alibi_slopes=slopes)
+    for got, ref in zip(grads, want_grads):
+        torch.testing.assert_close(got.view_as(ref), ref, atol=2 * tol, rtol=2 * tol)
+
+
+@pytest.mark.parametrize("backend", _fwd_backends(HEADDIM))
+def test_alibi_autograd_and_compiled(gen, backend):
+    """ALiBi through autograd (eager) and torch.compile(fullgraph=True) (the custom ops)."""
+    batch = Batch(gen, MIXED, seqused=True)
+    slopes = _slopes(gen, batch, True)
+    dout = torch.randn(batch.q.shape, generator=gen, device="cuda", dtype=batch.q.dtype)
+    mask = dict(causal=True, window=NO_WINDOW, softcap=0.0, alibi_slopes=slopes)
+
+    def step(q, k, v, cu_q, cu_k, used, s):
+        return flashcute.attention_varlen(q, k, v, cu_q, cu_k, batch.max_q, batch.max_k,
+                                          seqused_k=used, causal=True, alibi_slopes=s,
+                                          backend=backend)
+
+    for fn in (step, torch.compile(step, fullgraph=True)):
+        leaves = [x.detach().clone().requires_grad_(True) for x in (batch.q, batch.k, batch.v)]
+        out = fn(*leaves, batch.cu_q, batch.cu_k, batch.used, slopes)
+        out.backward(dout)
+        lse = flashcute.attention_varlen(*batch.args(), seqused_k=batch.used, causal=True,
+                                         alibi_slopes=slopes, return_lse=True,
+                                         backend=backend)[1]
+        check_varlen_forward(batch, out.detach(), lse, **mask)
+        check_varlen_grads(batch, [x.grad for x in leaves], dout, **mask)
+
+
+@pytest.mark.parametrize("backend", _fwd_backends(HEADDIM))
+def test_flash_attn_varlen_func_alibi(gen, backend):
+    batch = Batch(gen, MIXED)
+    slopes = _slopes(gen, batch, True)
+    out, lse, _ = flashcute.flash_attn_varlen_func(*batch.args(), causal=True,
+                                                   window_size=(W, 0), alibi_slopes=slopes,
+                                                   return_attn_probs=True)
+    check_varlen_forward(batch, out, lse, causal=True, window=(W, 0), softcap=0.0,
+                         alibi_slopes=slopes)

@@ -64,7 +64,8 @@ def test_keywords_and_defaults(fn):
     positional = [n for n, p in params.items() if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
     assert positional[-4:] == ["cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"]
     for name, default in (("seqused_k", None), ("causal", False), ("softmax_scale", None),
-                          ("window", (-1, -1)), ("softcap", 0.0), ("backend", None)):
+                          ("window", (-1, -1)), ("softcap", 0.0), ("alibi_slopes", None),
+                          ("backend", None)):
         assert params[name].kind is inspect.Parameter.KEYWORD_ONLY
         assert params[name].default == default
 
@@ -82,7 +83,8 @@ def test_custom_op_schemas():
                "attention_varlen_backward"):
         schema = str(getattr(torch.ops.flashcute, op).default._schema)
         for arg in ("Tensor cu_seqlens_q", "Tensor cu_seqlens_k", "Tensor? seqused_k",
-                    "max_seqlen_q", "max_seqlen_k", "window_left=-1", "float softcap=0."):
+                    "max_seqlen_q", "max_seqlen_k", "window_left=-1", "float softcap=0.",
+                    "Tensor? alibi_slopes=None"):
             assert arg in schema, (op, schema)
 
 
@@ -164,6 +166,13 @@ BAD_ARGUMENTS = [
     (dict(softcap=-1.0), ValueError, r"^softcap: "),
     (dict(softmax_scale=0.0), ValueError, r"^softmax_scale: "),
     (dict(backend="volta"), ValueError, r"^backend: "),
+    (dict(alibi_slopes=torch.ones(4, dtype=torch.float64)), TypeError,
+     r"^alibi_slopes: expected float32"),
+    (dict(alibi_slopes=torch.ones(2, 4)), ValueError,
+     r"^alibi_slopes: expected shape \(nheads,\) = \(4,\) or \(batch, nheads\) = \(3, 4\)"),
+    (dict(alibi_slopes=torch.ones(5)), ValueError, r"^alibi_slopes: expected shape"),
+    (dict(alibi_slopes=torch.ones(3, 8)[:, ::2]), ValueError, r"^alibi_slopes: expected unit stride"),
+    (dict(alibi_slopes=[0.5] * 4), TypeError, r"^alibi_slopes: expected a (DLPack tensor|torch.Tensor)"),
 ]
 
 
@@ -287,30 +296,31 @@ class VarlenRecordingExtension(RecordingExtension):
         return 1, 0, str(a.dtype), a.shape, tuple(s // a.itemsize for s in a.strides)
 
     def forward(self, q, k, v, out, lse, softmax_scale, causal, backend, stream, workspace=None,
-                window_left=-1, window_right=-1, softcap=0.0, cu_seqlens_q=None,
+                window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, cu_seqlens_q=None,
                 cu_seqlens_k=None, seqused_k=None, max_seqlen_q=0, max_seqlen_k=0):
-        """Records the call (cu_seqlens_q, cu_seqlens_k, seqused_k: the offsets' values)."""
+        """Records the call (cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes: the values)."""
         self.calls.append(("forward", dict(
             softmax_scale=softmax_scale, causal=causal, window=(window_left, window_right),
-            softcap=softcap, cu_seqlens_q=_values(cu_seqlens_q), cu_seqlens_k=_values(cu_seqlens_k),
+            softcap=softcap, alibi_slopes=_values(alibi_slopes),
+            cu_seqlens_q=_values(cu_seqlens_q), cu_seqlens_k=_values(cu_seqlens_k),
             seqused_k=_values(seqused_k), max_seqlen=(max_seqlen_q, max_seqlen_k),
             q=_shape(q), out=_shape(out), lse=_shape(lse))))
 
     def forward_workspace_size(self, batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim,
                                dtype, causal, backend, device, window_left=-1, window_right=-1,
-                               total_q=-1, total_k=-1, seqused_k=False):
+                               alibi=False, total_q=-1, total_k=-1, seqused_k=False):
         self.calls.append(("forward_workspace_size", dict(
             batch=batch, seqlen=(seqlen_q, seqlen_k), total=(total_q, total_k),
-            seqused_k=seqused_k, causal=causal, window=(window_left, window_right))))
+            seqused_k=seqused_k, causal=causal, window=(window_left, window_right), alibi=alibi)))
         return 0
 
     def backward(self, dout, q, k, v, out, lse, dq, dk, dv, workspace, softmax_scale, causal,
                  deterministic, backend, stream, window_left=-1, window_right=-1, softcap=0.0,
-                 cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, max_seqlen_q=0,
-                 max_seqlen_k=0):
+                 alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
+                 max_seqlen_q=0, max_seqlen_k=0):
         self.calls.append(("backward", dict(
             softmax_scale=softmax_scale, causal=causal, window=(window_left, window_right),
-            softcap=softcap, deterministic=deterministic, cu_seqlens_q=_values(cu_seqlens_q),
+            softcap=softcap, alibi_slopes=_values(alibi_slopes), deterministic=deterministic, cu_seqlens_q=_values(cu_seqlens_q),
             cu_seqlens_k=_values(cu_seqlens_k), seqused_k=_values(seqused_k),
             max_seqlen=(max_seqlen_q, max_seqlen_k), dq=_shape(dq), dk=_shape(dk),
             lse=_shape(lse), workspace=_shape(workspace))))
@@ -373,7 +383,7 @@ def test_direct_route(ext):
     _check_forward_call(second, seqused=[4, 1, 6], window=(3, 0), softcap=5.0, causal=True)
     (size,) = ext.of("forward_workspace_size")  # one plan for both calls
     assert size == dict(batch=3, seqlen=(5, 6), total=(8, 12), seqused_k=True, causal=True,
-                        window=(3, 0))
+                        window=(3, 0), alibi=False)
 
 
 def test_plans_are_kept_per_max_seqlen(ext):
@@ -504,6 +514,66 @@ def test_compiled_training_step(ext):
             assert (call["window"], call["softcap"], call["causal"]) == (window, softcap, True)
 
 
+SLOPES = torch.tensor([[0.5, 0.25, 0.125, 0.0625], [1.0, 2.0, 3.0, 4.0], [0.0, 0.1, 0.2, 0.3]])
+
+
+@pytest.mark.parametrize("slopes", [SLOPES[0], SLOPES], ids=["per_head", "per_sequence"])
+def test_alibi_slopes_reach_the_kernels_on_every_route(ext, slopes):
+    """(nheads,) and (batch, nheads) slopes (a row per sequence) reach the forward, its
+    workspace query and the backward: direct, autograd, DLPack and flash_attn_varlen_func."""
+    from flashcute.varlen import attention_varlen_backward_dlpack, attention_varlen_dlpack
+
+    q, k, v, cu_q, cu_k, max_q, max_k = _packed()
+    want = slopes.tolist()
+    flashcute.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, alibi_slopes=slopes,
+                               causal=True)
+    (size,) = ext.of("forward_workspace_size")
+    assert size["alibi"] is True
+    flashcute.attention_varlen_backward(*_bwd_args(), alibi_slopes=slopes)
+    attention_varlen_dlpack(q, k, v, cu_q, cu_k, max_q, max_k, alibi_slopes=slopes)
+    attention_varlen_backward_dlpack(*_bwd_args(), alibi_slopes=slopes)
+    flashcute.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, alibi_slopes=slopes)
+    leaves = _packed(requires_grad=True)
+    flashcute.attention_varlen(*leaves, alibi_slopes=slopes).float().sum().backward()
+    assert leaves[0].grad is not None
+    forwards, backwards = ext.of("forward"), ext.of("backward")
+    assert len(forwards) == 4 and len(backwards) == 3
+    for call in forwards + backwards:
+        assert call["alibi_slopes"] == want
+        assert {k: call[k] for k in EXPECTED_OFFSETS} == EXPECTED_OFFSETS
+    # Without slopes nothing is passed.
+    ext.calls.clear()
+    flashcute.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k)
+    assert ext.of("forward")[0]["alibi_slopes"] is None
+
+
+def test_alibi_slopes_of_another_framework_are_refused_beside_torch_tensors(ext):
+    q, k, v, cu_q, cu_k, max_q, max_k = _packed()
+    slopes = np.ones(4, dtype=np.float32)
+    with pytest.raises(TypeError, match=r"^alibi_slopes: expected a torch.Tensor"):
+        flashcute.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, alibi_slopes=slopes)
+    with pytest.raises(TypeError, match=r"^alibi_slopes: expected a torch.Tensor"):
+        flashcute.attention_varlen_backward(*_bwd_args(), alibi_slopes=slopes)
+    assert ext.of("forward") == [] and ext.of("backward") == []
+
+
+def test_compiled_training_step_with_alibi(ext):
+    """torch.compile(fullgraph=True): the slopes go through the custom ops' schemas to the
+    forward and to the autograd formula's backward."""
+    q, k, v, cu_q, cu_k, max_q, max_k = _packed(requires_grad=True)
+
+    def step(q, k, v, cu_q, cu_k, slopes):
+        out = flashcute.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True,
+                                         alibi_slopes=slopes)
+        return out.float().sum()
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    compiled(q, k, v, cu_q, cu_k, SLOPES).backward()
+    (fwd,) = ext.of("forward")
+    (bwd,) = ext.of("backward")
+    assert fwd["alibi_slopes"] == bwd["alibi_slopes"] == SLOPES.tolist()
+
+
 def test_compiled_call_with_out(ext):
     q, k, v, cu_q, cu_k, max_q, max_k = _packed()
 
@@ -626,7 +696,6 @@ def test_flash_attn_varlen_func_differentiates(ext):
 
 @pytest.mark.parametrize("kwargs,error,match", [
     (dict(dropout_p=0.1), NotImplementedError, r"^dropout_p: "),
-    (dict(alibi_slopes=torch.ones(4)), NotImplementedError, r"^alibi_slopes: "),
     (dict(block_table=torch.zeros(3, 1, dtype=torch.int32)), NotImplementedError, r"^block_table: "),
     (dict(seqused_q=torch.ones(3, dtype=torch.int32)), NotImplementedError, r"^seqused_q: "),
     (dict(dropout_p="0"), TypeError, r"^dropout_p: "),
@@ -671,7 +740,7 @@ def test_binding_refuses_bad_varlen_shapes(change, match):
     caps = {n: (None if x is None else to_dlpack(x)) for n, x in args.items()}
     with pytest.raises(ValueError, match=match):
         ext.forward(caps["q"], caps["k"], caps["v"], caps["out"], caps["lse"], 0.125, False,
-                    ext.BACKEND_AMPERE, 0, None, -1, -1, 0.0, caps["cu_seqlens_q"],
+                    ext.BACKEND_AMPERE, 0, None, -1, -1, 0.0, None, caps["cu_seqlens_q"],
                     caps["cu_seqlens_k"], caps["seqused_k"], max_q, max_k)
 
 
@@ -704,4 +773,4 @@ def test_cpp_workspace_sizes_for_varlen():
                                          total_k=500, **common)
     assert packed == fixed == capped > 0
     assert ext.forward_workspace_size(2, 4096, 4096, 4, 2, 64, "bfloat16", False,
-                                      ext.BACKEND_HOPPER, 0, -1, -1, 8192, 8192, False) == 0
+                                      ext.BACKEND_HOPPER, 0, -1, -1, False, 8192, 8192, False) == 0

@@ -238,6 +238,14 @@ def test_binding_refuses_window_sides_below_minus_one(window, name):
 # Plumbing: what reaches the extension on each route.
 
 
+def _received(x):
+    """A tensor the extension received (a DLPack capsule or a DLPack object) as a torch
+    tensor over the same memory, or None."""
+    from torch.utils.dlpack import from_dlpack
+
+    return None if x is None else from_dlpack(x)
+
+
 class RecordingExtension:
     """Stands in for ``flashcute._C``: the binding's signatures, a full build on an sm90
     device, and a record of every call."""
@@ -261,21 +269,25 @@ class RecordingExtension:
         return "hopper" if capability == 90 else "ampere"
 
     def forward(self, q, k, v, out, lse, softmax_scale, causal, backend, stream, workspace=None,
-                window_left=-1, window_right=-1, softcap=0.0):
+                window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None):
         self.calls.append(("forward", dict(softmax_scale=softmax_scale, causal=causal,
-                                           window=(window_left, window_right), softcap=softcap)))
+                                           window=(window_left, window_right), softcap=softcap,
+                                           alibi_slopes=_received(alibi_slopes))))
 
     def forward_workspace_size(self, batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim,
-                               dtype, causal, backend, device, window_left=-1, window_right=-1):
+                               dtype, causal, backend, device, window_left=-1, window_right=-1,
+                               alibi=False):
         self.calls.append(("forward_workspace_size",
-                           dict(causal=causal, window=(window_left, window_right))))
+                           dict(causal=causal, window=(window_left, window_right), alibi=alibi)))
         return 0
 
     def backward(self, dout, q, k, v, out, lse, dq, dk, dv, workspace, softmax_scale, causal,
-                 deterministic, backend, stream, window_left=-1, window_right=-1, softcap=0.0):
+                 deterministic, backend, stream, window_left=-1, window_right=-1, softcap=0.0,
+                 alibi_slopes=None):
         self.calls.append(("backward", dict(softmax_scale=softmax_scale, causal=causal,
                                             window=(window_left, window_right), softcap=softcap,
-                                            deterministic=deterministic)))
+                                            deterministic=deterministic,
+                                            alibi_slopes=_received(alibi_slopes))))
 
     def backward_workspace_size(self, batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim,
                                 dtype, deterministic, backend, causal=False, window_left=-1,

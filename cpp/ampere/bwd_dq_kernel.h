@@ -62,7 +62,7 @@ struct BwdDqTraitsFor {
   using type = BwdDqTraits<Element, kHeadDim, Tile::kM, Tile::kN, Tile::kWarps>;
 };
 
-template <class Traits>
+template <class Traits, bool kAlibi>
 CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
   using namespace cute;
   using Element = typename Traits::Element;
@@ -227,14 +227,29 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
                                                thr_copy_b.partition_S(sK), thr_copy_b.retile_D(tSrK),
                                                tiled_mma, copy_a, copy_b);
     Tensor acc_s_rc = rowcol_view(acc_s);
-    if (ScoreHook::of(params).active()) ScoreHook::of(params).apply(acc_s);
+    const int col_base = n_block * kBlockN + thread_col;
+    if (ScoreHook::of(params).softcap()) ScoreHook::of(params).apply_softcap(acc_s);  // uniform
     if (range.needs_mask(n_block))  // warp-uniform
-      seq.mask(params).apply(acc_s_rc, score_offsets_rc, thread_row, n_block * kBlockN + thread_col);
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
+      seq.mask(params).apply(acc_s_rc, score_offsets_rc, thread_row, col_base);
+    if constexpr (kAlibi) {
+      // ALiBi's bias after the mask (a masked -inf stays -inf), in log2 units inside exp2's FMA.
+      const float slope_log2 = ScoreHook::of(params).alibi_slope(batch, head) * scale_log2;
+      const float base = float(thread_row + seq.mask(params).offset() - col_base);
       CUTE_UNROLL
-      for (int c = 0; c < size<1>(acc_s_rc); ++c)
-        acc_s_rc(r, c) = fast_exp2(fmaf(acc_s_rc(r, c), scale_log2, -lse_log2[r]));
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(acc_s_rc); ++c) {
+          const float bias_log2 = ScoreHook::alibi_bias(slope_log2, base, score_offsets_rc, r, c);
+          acc_s_rc(r, c) = fast_exp2(fmaf(acc_s_rc(r, c), scale_log2, bias_log2 - lse_log2[r]));
+        }
+      }
+    } else {
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(acc_s_rc); ++c)
+          acc_s_rc(r, c) = fast_exp2(fmaf(acc_s_rc(r, c), scale_log2, -lse_log2[r]));
+      }
     }
 
     Tensor acc_dp = partition_fragment_C(tiled_mma, TileS{});
@@ -249,12 +264,21 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
       for (int c = 0; c < size<1>(acc_dp_rc); ++c)
         acc_dp_rc(r, c) = acc_s_rc(r, c) * (acc_dp_rc(r, c) - row_dot[r]);
     }
-    if (ScoreHook::of(params).active()) {
+    if (ScoreHook::of(params).softcap()) {  // uniform; ALiBi's bias alone leaves dS as it is
+      const ScoreHook hook = ScoreHook::of(params);
+      const float slope = kAlibi ? hook.alibi_slope(batch, head) : 0.f;
+      const float base = float(thread_row + seq.mask(params).offset() - col_base);
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
         CUTE_UNROLL
-        for (int c = 0; c < size<1>(acc_dp_rc); ++c)
-          acc_dp_rc(r, c) *= ScoreHook::of(params).grad_factor(acc_s_rc(r, c), lse_log2[r], 1.f / params.scale_log2);
+        for (int c = 0; c < size<1>(acc_dp_rc); ++c) {
+          const float p = acc_s_rc(r, c), inv_scale_log2 = 1.f / params.scale_log2;
+          if constexpr (kAlibi)
+            acc_dp_rc(r, c) *= hook.grad_factor(p, lse_log2[r], inv_scale_log2,
+                                                ScoreHook::alibi_bias(slope, base, score_offsets_rc, r, c));
+          else
+            acc_dp_rc(r, c) *= hook.grad_factor(p, lse_log2[r], inv_scale_log2);
+        }
       }
     }
 
@@ -302,12 +326,15 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
   }
 }
 
-template <class Element, int kHeadDim>
+// kAlibi: ALiBi compiled in (softcap is a runtime branch either way). Its code as a runtime
+// branch raised hd 64's count from 167 to 203 registers, three CTAs per SM to two; its bias
+// rides in exp2's FMA rather than in a pass of its own, which spilled at hd 256.
+template <class Element, int kHeadDim, bool kAlibi = false>
 __global__ void __launch_bounds__(
     BwdDqTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type::kNThreads, 1)
     bwd_dq_kernel(__grid_constant__ const BwdKernelParams params) {
 #if defined(__CUDA_ARCH__)
-  bwd_dq_block<typename BwdDqTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type>(params);
+  bwd_dq_block<typename BwdDqTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type, kAlibi>(params);
 #endif
 }
 

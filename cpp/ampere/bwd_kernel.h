@@ -16,8 +16,9 @@
 // Query blocks on the mask's edges (causal diagonal, window sides, seqlen_k tail; mask.h) apply
 // the mask; the rest skip it with one warp-uniform branch. Without kGeneral, the mask has no left
 // side (dense, causal, a window's right side); with it, also the left side, and the score hook
-// runs on S (score_hook.h) with its chain factor on dS. (The loop body is written out, not a lambda: a
-// lambda too large to inline would put the by-reference accumulators in local memory.)
+// (softcap, ALiBi) runs on S (score_hook.h) with softcap's chain factor on dS. (The loop body is
+// written out, not a lambda: a lambda too large to inline would put the by-reference
+// accumulators in local memory.)
 // Variable-length batches (seq_view.h) take the kGeneral variant (run_bwd): offsets, lengths and
 // mask come from the sequence's view there, while the other variants keep the fixed-length
 // code. The grid is sized from the longest sequence; a CTA whose keys start past the sequence's
@@ -204,6 +205,10 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   auto thr_copy_p = copy_p.get_thread_slice(tid);
   Tensor tPsP = thr_copy_p.partition_D(make_tensor(make_smem_ptr(smem_p), typename Traits::SmemLayoutP{}));
   Tensor tPsdS = thr_copy_p.partition_D(make_tensor(make_smem_ptr(smem_ds), typename Traits::SmemLayoutP{}));
+  // kGeneral with softcap: this thread's dS slots hold its scores' chain factors (fp16) from S
+  // until dS overwrites them.
+  Tensor tPsFactor = thr_copy_p.partition_D(make_tensor(
+      make_smem_ptr(reinterpret_cast<cutlass::half_t*>(smem_ds)), typename Traits::SmemLayoutP{}));
 
   // Score coordinates: this thread's first element plus compile-time offsets (see mask.h).
   Tensor cS = make_identity_tensor(TileS{});
@@ -275,7 +280,22 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
                                    tSsK, thr_copy_b_sdp.retile_D(tSrK), mma_sdp, copy_a_sdp, copy_b_sdp);
       Tensor acc_s_rc = rowcol_view(acc_s);
       if constexpr (kGeneral) {
-        if (ScoreHook::of(params).active()) ScoreHook::of(params).apply(acc_s);
+        if (ScoreHook::of(params).active()) {  // uniform: softcap and ALiBi, before the mask
+          const ScoreHook hook = ScoreHook::of(params);
+          if (hook.softcap()) {
+            // Softcap's chain factor 1 - tanh² waits for P as fp16 where this thread's dS goes
+            // later (the dS buffer is free until then, and no other thread writes there).
+            Tensor factor = make_tensor<cutlass::half_t>(shape(acc_s));
+            CUTE_UNROLL
+            for (int i = 0; i < size(acc_s); ++i) factor(i) = cutlass::half_t(hook.cap(acc_s(i)));
+            copy(copy_p, thr_copy_p.retile_S(factor), tPsFactor);
+          }
+          // The sequence's offset (its mask's) from the kept seqlen_k: reading both lengths
+          // from the shared view spilled at hd 64.
+          if (hook.alibi())
+            ScoreHook::add_alibi(acc_s_rc, score_offsets_rc, thread_row, n0 + get<1>(tScS(0)),
+                                 seqlen_k - seq().seqlen_q, hook.alibi_slope(batch, h));
+        }
       }
       if (range.needs_mask(m, kGeneral))  // warp-uniform: the bulk skips the mask
         seq().mask(params).template apply_sides<kGeneral>(acc_s_rc, score_offsets_rc, thread_row, n0 + get<1>(tScS(0)));
@@ -286,18 +306,18 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
           acc_s_rc(r, c) = fast_exp2(fmaf(acc_s_rc(r, c), scale_log2, -lse_log2[r]));
       }
 
-      // P goes to shared memory now. dS needs it again after dP = dO·Vᵀ (with softcap, times the
-      // hook's factor): it waits as fp16 pairs, half the registers of fp32 (which spilled at the 255-register cap). P is in
-      // [0, 1], so fp16 keeps it to 2^-11 relative, finer than dS's own rounding to Element.
+      // P goes to shared memory now. dS needs it again after dP = dO·Vᵀ (with softcap, times its
+      // chain factor): it waits as fp16 pairs, half the registers of fp32 (which spilled at the
+      // 255-register cap). P is in [0, 1], so fp16 keeps it to 2^-11 relative, finer than dS's
+      // own rounding to Element.
       copy(copy_p, thr_copy_p.retile_S(convert_fragment<Element>(acc_s)), tPsP);
       if constexpr (kGeneral) {
-        // dS takes the hook's chain factor with P: the fp16 copy below holds P times it (a
-        // factor of 1 without softcap, where softcap_in is 0; no branch, for registers).
-        CUTE_UNROLL
-        for (int r = 0; r < kRows; ++r) {
+        // dS takes softcap's chain factor with P: the fp16 copy below holds P times it.
+        if (ScoreHook::of(params).softcap()) {  // uniform
+          Tensor factor = make_tensor<cutlass::half_t>(shape(acc_s));
+          copy(tPsFactor, thr_copy_p.retile_S(factor));
           CUTE_UNROLL
-          for (int c = 0; c < size<1>(acc_s_rc); ++c)
-            acc_s_rc(r, c) *= ScoreHook::of(params).grad_factor(acc_s_rc(r, c), lse_log2[r], 1.f / scale_log2);
+          for (int i = 0; i < size(acc_s); ++i) acc_s(i) *= float(factor(i));
         }
       }
       Tensor p_half = convert_fragment<cutlass::half_t>(acc_s);
@@ -399,8 +419,9 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
 
 // One kernel symbol per (dtype, head dim, dQ design, general); tile shapes follow the code
 // generation it was compiled for (see bwd_config.h). This kernel sits at the register cap, where
-// runtime branches for softcap and a window's left side made ptxas spill: they are a template
-// switch here (kGeneral), compiled with the atomic-free design only (run_bwd).
+// runtime branches for the score hook (softcap, ALiBi) and a window's left side made ptxas
+// spill: they are a template switch here (kGeneral), compiled with the atomic-free design only
+// (run_bwd).
 template <class Element, int kHeadDim, bool kAddDq, bool kGeneral = false>
 __global__ void __launch_bounds__(
     BwdTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type::kNThreads, 1)

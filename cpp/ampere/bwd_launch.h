@@ -81,10 +81,10 @@ Status launch_bwd_chunk(Kernel kernel, const BwdKernelParams& params, int pair_b
 
 template <class Element, int kHeadDim>
 Status run_bwd(const BwdKernelParams& call, cudaStream_t stream) {
-  // Softcap, windows, a head dim below the kernel's and variable-length batches take the
-  // general dK/dV kernel (bwd_kernel.h) with the atomic-free design, whose dQ pass handles
-  // them at no register cost: dq_accum stays unused.
-  const bool general = call.softcap_in != 0.f || !MaskPolicy::of(call).dense_or_causal() ||
+  // The score hook (softcap, ALiBi), windows, a head dim below the kernel's and variable-length
+  // batches take the general dK/dV kernel (bwd_kernel.h) with the atomic-free design, whose dQ
+  // pass handles them at no register cost: dq_accum stays unused.
+  const bool general = ScoreHook::of(call).active() || !MaskPolicy::of(call).dense_or_causal() ||
                        call.headdim < kHeadDim || !SeqView::fixed(call);
   BwdKernelParams params = call;
   if (general) params.dq_accum = nullptr;
@@ -95,7 +95,9 @@ Status run_bwd(const BwdKernelParams& call, cudaStream_t stream) {
   auto add_dq_kernel = &bwd_kernel<Element, kHeadDim, true>;
   auto dkv_kernel = &bwd_kernel<Element, kHeadDim, false>;
   auto general_dkv_kernel = &bwd_kernel<Element, kHeadDim, false, true>;
-  auto dq_kernel = &bwd_dq_kernel<Element, kHeadDim>;
+  auto plain_dq_kernel = &bwd_dq_kernel<Element, kHeadDim>;
+  auto alibi_dq_kernel = &bwd_dq_kernel<Element, kHeadDim, true>;
+  auto dq_kernel = ScoreHook::of(call).alibi() ? alibi_dq_kernel : plain_dq_kernel;
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return cuda_status(err, "cudaGetDevice");
 
@@ -113,9 +115,11 @@ Status run_bwd(const BwdKernelParams& call, cudaStream_t stream) {
                                          : prepare_bwd<Traits80>(kernel, device);
       if (!prepared.ok()) return prepared;
     }
-    const Status dq_prepared = arch == 90 ? prepare_bwd<DqTraits90>(dq_kernel, device)
-                                          : prepare_bwd<DqTraits80>(dq_kernel, device);
-    if (!dq_prepared.ok()) return dq_prepared;
+    for (auto kernel : {plain_dq_kernel, alibi_dq_kernel}) {
+      const Status prepared = arch == 90 ? prepare_bwd<DqTraits90>(kernel, device)
+                                         : prepare_bwd<DqTraits80>(kernel, device);
+      if (!prepared.ok()) return prepared;
+    }
     if (device < kCachedDevices) tile_arch[device].store(arch, std::memory_order_release);
   }
 

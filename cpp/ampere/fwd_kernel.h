@@ -221,7 +221,11 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
                                      smem_thr_copy_k.partition_S(sK), tSrK_view, tiled_mma,
                                      smem_copy_q, smem_copy_k);
     Tensor acc_s_rc = rowcol_view(acc_s);
-    if (ScoreHook::of(params).active()) ScoreHook::of(params).apply(acc_s);
+    if (ScoreHook::of(params).active()) {  // uniform: softcap and ALiBi, before the mask
+      const ScoreHook hook = ScoreHook::of(params);
+      hook.apply(acc_s_rc, score_offsets_rc, thread_row, n_block * kBlockN + thread_col,
+                 seq.mask(params).offset(), hook.alibi_slope(batch, head));
+    }
     if constexpr (decltype(masked)::value)
       seq.mask(params).apply(acc_s_rc, score_offsets_rc, thread_row, n_block * kBlockN + thread_col);
     softmax.update(acc_s_rc, acc_o_rc);

@@ -73,6 +73,28 @@ flashcute::DType to_dtype(nb::dlpack::dtype dt) {
   throw nb::type_error(("q: expected float16 or bfloat16, got " + dtype_name(dt)).c_str());
 }
 
+// ALiBi's slopes into params (batch and nheads already set): (nheads,) or (batch, nheads)
+// float32 on q's device with unit stride over heads. The Python layer checks the same with the
+// same names; this repeats them for callers of the extension.
+template <class Params>
+void set_alibi_slopes(Params& p, const std::optional<Tensor>& slopes, const Tensor& q) {
+  if (!slopes) return;
+  const Tensor& s = *slopes;
+  if (s.dtype() != nb::dtype<float>())
+    throw nb::type_error(("alibi_slopes: expected float32, got " + dtype_name(s.dtype())).c_str());
+  const size_t ndim = s.ndim();
+  const bool per_batch = ndim == 2;
+  if ((ndim != 1 && !per_batch) || static_cast<int64_t>(s.shape(ndim - 1)) != p.nheads ||
+      (per_batch && static_cast<int64_t>(s.shape(0)) != p.batch))
+    throw nb::value_error("alibi_slopes: expected shape (nheads,) or (batch, nheads)");
+  if (s.shape(ndim - 1) > 1 && s.stride(ndim - 1) != 1)
+    throw nb::value_error("alibi_slopes: expected unit stride over heads");
+  if (s.device_type() != q.device_type() || s.device_id() != q.device_id())
+    throw nb::value_error("alibi_slopes: expected a tensor on q's device");
+  p.alibi_slopes = static_cast<const float*>(s.data());
+  p.alibi_slopes_batch_stride = per_batch && s.shape(0) > 1 ? s.stride(0) : 0;
+}
+
 // One q-like or k-like tensor as the params take it: batched (batch, seqlen, heads, headdim),
 // or packed (total, heads, headdim) with cu_seqlens (batch 1, batch stride 0).
 struct Rows {
@@ -173,8 +195,9 @@ void lse_strides(const T& lse, bool packed, const Rows& q, int64_t* batch_stride
 void forward(Tensor q, Tensor k, Tensor v, MutableTensor out, std::optional<MutableTensor> lse,
              float softmax_scale, bool causal, int backend, uintptr_t stream,
              std::optional<MutableTensor> workspace, int64_t window_left, int64_t window_right, float softcap,
-             std::optional<Tensor> cu_seqlens_q, std::optional<Tensor> cu_seqlens_k,
-             std::optional<Tensor> seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k) {
+             std::optional<Tensor> alibi_slopes, std::optional<Tensor> cu_seqlens_q,
+             std::optional<Tensor> cu_seqlens_k, std::optional<Tensor> seqused_k, int64_t max_seqlen_q,
+             int64_t max_seqlen_k) {
   const Varlen vl(cu_seqlens_q, cu_seqlens_k, seqused_k, q);
   const Rows qr = rows_of(q, vl.packed_q(), "q"), kr = rows_of(k, vl.packed_k(), "k");
   const Rows vr = rows_of(v, vl.packed_k(), "v"), outr = rows_of(out, vl.packed_q(), "out");
@@ -215,6 +238,7 @@ void forward(Tensor q, Tensor k, Tensor v, MutableTensor out, std::optional<Muta
   p.stream = reinterpret_cast<cudaStream_t>(stream);
   if (k.dtype() != q.dtype() || v.dtype() != q.dtype() || out.dtype() != q.dtype())
     throw nb::type_error("q, k, v, out: expected one dtype for all four");
+  set_alibi_slopes(p, alibi_slopes, q);
 
   flashcute::Status status;
   {
@@ -227,9 +251,9 @@ void forward(Tensor q, Tensor k, Tensor v, MutableTensor out, std::optional<Muta
 void backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, MutableTensor dq,
               MutableTensor dk, MutableTensor dv, MutableTensor workspace, float softmax_scale,
               bool causal, bool deterministic, int backend, uintptr_t stream, int64_t window_left,
-              int64_t window_right, float softcap, std::optional<Tensor> cu_seqlens_q,
-              std::optional<Tensor> cu_seqlens_k, std::optional<Tensor> seqused_k, int64_t max_seqlen_q,
-              int64_t max_seqlen_k) {
+              int64_t window_right, float softcap, std::optional<Tensor> alibi_slopes,
+              std::optional<Tensor> cu_seqlens_q, std::optional<Tensor> cu_seqlens_k,
+              std::optional<Tensor> seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k) {
   const Varlen vl(cu_seqlens_q, cu_seqlens_k, seqused_k, q);
   const bool pq = vl.packed_q(), pk = vl.packed_k();
   const Rows qr = rows_of(q, pq, "q"), kr = rows_of(k, pk, "k"), vr = rows_of(v, pk, "v");
@@ -269,6 +293,7 @@ void backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
   p.window_left = window_left, p.window_right = window_right;
   p.softcap = softcap;
   p.deterministic = deterministic;
+  set_alibi_slopes(p, alibi_slopes, q);
   p.dtype = to_dtype(q.dtype());
   p.device = q.device_id();
   p.stream = reinterpret_cast<cudaStream_t>(stream);
@@ -297,6 +322,9 @@ Params size_query(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t nhe
   return p;
 }
 
+// A non-null pointer that says "ALiBi on" to the size queries, which read no pointers.
+const float kAlibiFlag = 0.f;
+
 // A size query's variable-length layout: total_q / total_k >= 0 for a packed side, -1 for a
 // batched one; seqlen_q / seqlen_k are then the longest sequences' lengths. The queries read
 // no pointer, only whether one is given: a placeholder address stands in for the device data.
@@ -310,12 +338,13 @@ void size_query_varlen(Params& p, int64_t total_q, int64_t total_k, bool seqused
 
 size_t forward_workspace_size(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t nheads,
                               int64_t nheads_kv, int64_t headdim, const std::string& dtype, bool causal,
-                              int backend, int device, int64_t window_left, int64_t window_right,
+                              int backend, int device, int64_t window_left, int64_t window_right, bool alibi,
                               int64_t total_q, int64_t total_k, bool seqused_k) {
   auto p = size_query<flashcute::AttentionForwardParams>(batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim,
                                                          dtype, causal, window_left, window_right);
   size_query_varlen(p, total_q, total_k, seqused_k);
   p.device = device;
+  if (alibi) p.alibi_slopes = &kAlibiFlag;
   size_t bytes = 0;
   raise_on_error(flashcute::attention_forward_workspace_size(p, &bytes, static_cast<flashcute::Backend>(backend)));
   return bytes;
@@ -352,10 +381,12 @@ std::tuple<int, int> forward_tile(int headdim, int seqlen_q, int seqlen_k, bool 
 }
 
 // Query heads the Hopper forward packs per row block (1: none) for a call.
-int forward_packed_heads(int nheads, int nheads_kv, int seqlen_q, int seqlen_k, int headdim, bool causal) {
+int forward_packed_heads(int nheads, int nheads_kv, int seqlen_q, int seqlen_k, int headdim, bool causal,
+                         bool alibi) {
   namespace hopper = flashcute::hopper;
   flashcute::FwdKernelParams p{};
   p.seqlen_q = seqlen_q, p.seqlen_k = seqlen_k, p.nheads = nheads, p.causal = causal, p.headdim = headdim;
+  if (alibi) p.alibi_slopes = &kAlibiFlag;
   p.window_left = seqlen_k, p.window_right = causal ? 0 : seqlen_q;  // no window
   p.heads_per_kv = nheads_kv > 0 ? nheads / nheads_kv : 1;
   const hopper::FwdTileSize tile =
@@ -392,25 +423,25 @@ NB_MODULE(_C, m) {
   m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse").none(), nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("backend"),
         nb::arg("stream"), nb::arg("workspace").none() = nb::none(), nb::arg("window_left") = -1,
-        nb::arg("window_right") = -1, nb::arg("softcap") = 0.f, nb::arg("cu_seqlens_q").none() = nb::none(),
-        nb::arg("cu_seqlens_k").none() = nb::none(), nb::arg("seqused_k").none() = nb::none(),
-        nb::arg("max_seqlen_q") = 0, nb::arg("max_seqlen_k") = 0,
+        nb::arg("window_right") = -1, nb::arg("softcap") = 0.f, nb::arg("alibi_slopes").none() = nb::none(),
+        nb::arg("cu_seqlens_q").none() = nb::none(), nb::arg("cu_seqlens_k").none() = nb::none(),
+        nb::arg("seqused_k").none() = nb::none(), nb::arg("max_seqlen_q") = 0, nb::arg("max_seqlen_k") = 0,
         "Attention forward into out (and lse when given); cu_seqlens_q / cu_seqlens_k make q, out / k, v "
         "packed (total, heads, headdim) and lse (heads, total_q).");
   m.def("forward_workspace_size", &forward_workspace_size, nb::arg("batch"), nb::arg("seqlen_q"),
         nb::arg("seqlen_k"), nb::arg("nheads"), nb::arg("nheads_kv"), nb::arg("headdim"),
         nb::arg("dtype"), nb::arg("causal"), nb::arg("backend"), nb::arg("device"),
-        nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("total_q") = -1,
-        nb::arg("total_k") = -1, nb::arg("seqused_k") = false,
+        nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("alibi") = false,
+        nb::arg("total_q") = -1, nb::arg("total_k") = -1, nb::arg("seqused_k") = false,
         "Bytes of the optional device workspace the forward can use (0: none); total_q / total_k >= 0 "
         "for packed sides (seqlen_q / seqlen_k then the longest sequences').");
   m.def("backward", &backward, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
         nb::arg("workspace"), nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("deterministic"),
         nb::arg("backend"), nb::arg("stream"), nb::arg("window_left") = -1, nb::arg("window_right") = -1,
-        nb::arg("softcap") = 0.f, nb::arg("cu_seqlens_q").none() = nb::none(),
-        nb::arg("cu_seqlens_k").none() = nb::none(), nb::arg("seqused_k").none() = nb::none(),
-        nb::arg("max_seqlen_q") = 0, nb::arg("max_seqlen_k") = 0,
+        nb::arg("softcap") = 0.f, nb::arg("alibi_slopes").none() = nb::none(),
+        nb::arg("cu_seqlens_q").none() = nb::none(), nb::arg("cu_seqlens_k").none() = nb::none(),
+        nb::arg("seqused_k").none() = nb::none(), nb::arg("max_seqlen_q") = 0, nb::arg("max_seqlen_k") = 0,
         "Attention backward into dq, dk, dv; cu_seqlens_q / cu_seqlens_k as in forward().");
   m.def("backward_workspace_size", &backward_workspace_size, nb::arg("batch"), nb::arg("seqlen_q"),
         nb::arg("seqlen_k"), nb::arg("nheads"), nb::arg("nheads_kv"), nb::arg("headdim"),
@@ -424,7 +455,7 @@ NB_MODULE(_C, m) {
   m.def("_forward_tile", &forward_tile, nb::arg("headdim"), nb::arg("seqlen_q"), nb::arg("seqlen_k"),
         nb::arg("causal"), "Test hook: the Hopper forward's (keys per block, consumers) for a call.");
   m.def("_forward_packed_heads", &forward_packed_heads, nb::arg("nheads"), nb::arg("nheads_kv"),
-        nb::arg("seqlen_q"), nb::arg("seqlen_k"), nb::arg("headdim"), nb::arg("causal"),
+        nb::arg("seqlen_q"), nb::arg("seqlen_k"), nb::arg("headdim"), nb::arg("causal"), nb::arg("alibi") = false,
         "Test hook: query heads the Hopper forward packs into a tile's rows (1: none).");
   m.def("device_capability", &device_capability, nb::arg("device"),
         "Compute capability of a CUDA device as major*10+minor.");

@@ -48,8 +48,8 @@ constexpr int bwd_defer_dq_min_blocks(int head_dim) { return head_dim <= 64 ? 0 
 // Deferred-dQ kernels compiled for fixed lengths only; variable-length calls (seq_view.h) run
 // the same kernel without the deferred dQ. At the register cap, a sequence's lengths kept in
 // registers spilled in hd 128's deferred kernel and in hd 64's with the score hook.
-constexpr bool bwd_deferred_dq_fixed_only(int head_dim, bool softcap) {
-  return softcap || bwd_defer_dq_min_blocks(head_dim) > 0;
+constexpr bool bwd_deferred_dq_fixed_only(int head_dim, bool score_hook) {
+  return score_hook || bwd_defer_dq_min_blocks(head_dim) > 0;
 }
 
 template <class Element, int kHeadDim, class Shape = BwdTileShape<kHeadDim>,

@@ -27,7 +27,7 @@
 
 namespace flashcute::hopper {
 
-template <class Traits, bool kDeferDq, bool kSoftcap>
+template <class Traits, bool kDeferDq, bool kScoreHook>
 CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::SharedStorage& storage,
                              typename Traits::PipelineQ& pipeline_q, typename Traits::PipelineDo& pipeline_do,
                              int consumer, BwdTile const& tile) {
@@ -100,7 +100,7 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
   const int thread_key = get<0>(thr_sdp.partition_C(cS)(0));
   const int thread_col = get<1>(thr_sdp.partition_C(cS)(0));
   // The pair's sequence (seq_view.h); fixed lengths in a kernel compiled for them alone.
-  constexpr bool kFixedOnly = kDeferDq && bwd_deferred_dq_fixed_only(kHeadDim, kSoftcap);
+  constexpr bool kFixedOnly = kDeferDq && bwd_deferred_dq_fixed_only(kHeadDim, kScoreHook);
   const SeqView view =
       kFixedOnly ? SeqView{0, 0, args.seqlen_q, args.seqlen_k, args.seqlen_k} : SeqView::of(args, batch);
   const MaskPolicy mask = view.mask(args);
@@ -161,6 +161,7 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
   const int count = range.count();
   const int g0 = count > 0 ? tile.block_begin / count : 0;
   int i = tile.block_begin - g0 * count;
+  int head = kv_head * args.heads_per_kv + g0;  // the query head of block i
   float* dq_accum_head = args.dq_accum + int64_t(pair_slot0 + g0) * args.seqlen_q_padded * kHeadDim;
   for (; t < blocks; ++t) {
     const int m = range.at(i);
@@ -181,9 +182,11 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
       CUTE_UNROLL
       for (int c = 0; c < kCols; ++c) lse_cols[c] = lse_log2[get<1>(offsets_rc(0, c))];
     }
+    const float slope = kScoreHook ? hook.alibi_slope(batch, head) : 0.f;  // loaded while Sᵀ runs
     warpgroup_wait<1>();  // Sᵀ
     Tensor s_rc = rowcol_view(acc_s);
-    if constexpr (kSoftcap) hook.apply(acc_s);
+    if constexpr (kScoreHook)
+      hook.apply_transposed(s_rc, offsets_rc, key0 + thread_key, m * kBlockM + thread_col, mask.offset(), slope);
     if (range.needs_mask(m))  // warp-uniform: the bulk skips the mask
       mask.apply_transposed(s_rc, offsets_rc, key0 + thread_key, m * kBlockM + thread_col);
     CUTE_UNROLL
@@ -209,13 +212,17 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
       CUTE_UNROLL
       for (int r = 0; r < size<0>(dp_rc); ++r) dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - dot);
     }
-    if constexpr (kSoftcap) {
-      CUTE_UNROLL
-      for (int c = 0; c < kCols; ++c) {
-        const float lse = lse_log2[get<1>(offsets_rc(0, c))];
+    if constexpr (kScoreHook) {
+      if (hook.softcap()) {  // ALiBi's bias alone leaves dS as it is
+        const float base = float(m * kBlockM + thread_col + mask.offset() - (key0 + thread_key));
         CUTE_UNROLL
-        for (int r = 0; r < size<0>(dp_rc); ++r)
-          dp_rc(r, c) *= hook.grad_factor(s_rc(r, c), lse, 1.f / args.scale_log2);
+        for (int c = 0; c < kCols; ++c) {
+          const float lse = lse_log2[get<1>(offsets_rc(0, c))];
+          CUTE_UNROLL
+          for (int r = 0; r < size<0>(dp_rc); ++r)
+            dp_rc(r, c) *= hook.grad_factor(s_rc(r, c), lse, 1.f / args.scale_log2,
+                                            ScoreHook::alibi_bias(slope, base, offsets_rc, r, c, -1.f));
+        }
       }
     }
     convert_fragment_into(acc_s, p_regs);
@@ -265,7 +272,7 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
     if constexpr (kDvLast) pipeline_do.consumer_release(stage);
     pipeline_q.consumer_release(stage);
     ++stage;
-    if (++i == count) i = 0, dq_accum_head += int64_t(args.seqlen_q_padded) * kHeadDim;
+    if (++i == count) i = 0, dq_accum_head += int64_t(args.seqlen_q_padded) * kHeadDim, ++head;
   }
   // The last block's dQ.
   if (kDeferDq && blocks > 0) {

@@ -29,9 +29,10 @@ CUTE_DEVICE Pipeline make_bwd_pipeline(typename Pipeline::SharedStorage& storage
   return Pipeline(storage, params, cute::Shape<cute::_1, cute::_1, cute::_1>{});
 }
 
-// kSoftcap: the score hook compiled in (a runtime branch cost 1.5-4 % of the dense backward at
-// hd 128, short sequences; H200, benchmarks/results/README.md).
-template <class Traits, bool kDeferDq = false, bool kSoftcap = false>
+// kScoreHook: the score hook (softcap, ALiBi; score_hook.h) compiled in, one variant for both
+// (a runtime branch cost 1.5-4 % of the dense backward at hd 128, short sequences; H200,
+// benchmarks/results/README.md).
+template <class Traits, bool kDeferDq = false, bool kScoreHook = false>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     bwd_kernel(__grid_constant__ const BwdParams<Traits> params) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -68,9 +69,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
     if constexpr (Traits::kSplitsHeadDim)
-      consume_bwd_wide<Traits, kSoftcap>(params, storage, pipeline_q, pipeline_do, warp_group - 1, tile);
+      consume_bwd_wide<Traits, kScoreHook>(params, storage, pipeline_q, pipeline_do, warp_group - 1, tile);
     else
-      consume_bwd<Traits, kDeferDq, kSoftcap>(params, storage, pipeline_q, pipeline_do, warp_group - 1, tile);
+      consume_bwd<Traits, kDeferDq, kScoreHook>(params, storage, pipeline_q, pipeline_do, warp_group - 1, tile);
   }
 #endif
 }

@@ -43,14 +43,14 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
     if (blocks_per_cta >= kDeferDqMinBlocks && (fixed || !bwd_deferred_dq_fixed_only(kHeadDim, false)))
       kernel = &bwd_kernel<Traits, true>;
   }
-  // Softcap: one variant per head dim (deferred dQ where the head dim always defers), and one
-  // without it for variable lengths where the deferred one is fixed-length only.
-  constexpr bool kSoftcapDefersDq = kCanDeferDq && kDeferDqMinBlocks == 0;
-  auto softcap_kernel = &bwd_kernel<Traits, kSoftcapDefersDq, true>;
-  // Variable lengths: without the deferred dQ where that kernel is fixed-length only.
-  constexpr bool kSoftcapVarlenOwnKernel = kSoftcapDefersDq && bwd_deferred_dq_fixed_only(kHeadDim, true);
-  auto softcap_varlen_kernel = &bwd_kernel<Traits, kSoftcapDefersDq && !kSoftcapVarlenOwnKernel, true>;
-  if (p.softcap_in != 0.f) kernel = fixed ? softcap_kernel : softcap_varlen_kernel;
+  // The score hook (softcap, ALiBi): one variant per head dim (deferred dQ where the head dim
+  // always defers), and one without the deferred dQ for variable lengths where the deferred one
+  // is fixed-length only.
+  constexpr bool kHookDefersDq = kCanDeferDq && kDeferDqMinBlocks == 0;
+  auto hooked_kernel = &bwd_kernel<Traits, kHookDefersDq, true>;
+  constexpr bool kHookVarlenOwnKernel = kHookDefersDq && bwd_deferred_dq_fixed_only(kHeadDim, true);
+  auto hooked_varlen_kernel = &bwd_kernel<Traits, kHookDefersDq && !kHookVarlenOwnKernel, true>;
+  if (ScoreHook::of(p).active()) kernel = fixed ? hooked_kernel : hooked_varlen_kernel;
   constexpr int kSmem = Traits::kSmemBytes;
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return cuda_status(err, "cudaGetDevice");
@@ -90,9 +90,9 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
         err = cudaFuncSetAttribute(&bwd_kernel<Traits, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     }
     if (err == cudaSuccess)
-      err = cudaFuncSetAttribute(softcap_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (kSoftcapVarlenOwnKernel && err == cudaSuccess)
-      err = cudaFuncSetAttribute(softcap_varlen_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      err = cudaFuncSetAttribute(hooked_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (kHookVarlenOwnKernel && err == cudaSuccess)
+      err = cudaFuncSetAttribute(hooked_varlen_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (err != cudaSuccess) return cuda_status(err, "cudaFuncSetAttribute (no sm90a kernel image for this GPU?)");
     if (device < kCachedDevices) prepared[device].store(true, std::memory_order_release);
   }

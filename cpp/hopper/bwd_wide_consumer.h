@@ -24,7 +24,7 @@
 
 namespace flashcute::hopper {
 
-template <class Traits, bool kSoftcap>
+template <class Traits, bool kScoreHook>
 CUTE_DEVICE void consume_bwd_wide(BwdParams<Traits> const& params, typename Traits::SharedStorage& storage,
                                   typename Traits::PipelineQ& pipeline_q, typename Traits::PipelineDo& pipeline_do,
                                   int consumer, BwdTile const& tile) {
@@ -133,6 +133,7 @@ CUTE_DEVICE void consume_bwd_wide(BwdParams<Traits> const& params, typename Trai
   const int count = range.count();
   const int g0 = count > 0 ? tile.block_begin / count : 0;
   int i = tile.block_begin - g0 * count;
+  int head = kv_head * args.heads_per_kv + g0;  // the query head of block i
   float* dq_accum_head = args.dq_accum + int64_t(pair_slot0 + g0) * args.seqlen_q_padded * kHeadDim;
   for (int t = tile.block_begin; t < tile.block_end; ++t) {
     const int m = range.at(i);
@@ -148,13 +149,15 @@ CUTE_DEVICE void consume_bwd_wide(BwdParams<Traits> const& params, typename Trai
     float lse_rows[kScoreRows];
     CUTE_UNROLL
     for (int r = 0; r < kScoreRows; ++r) lse_rows[r] = lse_log2[get<0>(offsets_rc(r, 0))];
+    const float slope = kScoreHook ? hook.alibi_slope(batch, head) : 0.f;  // loaded while S runs
     warpgroup_wait<1>();  // S, and the previous block's dK
     if (release_pending) {
       pipeline_q.consumer_release(q_release);
       ++q_release;
     }
     Tensor s_rc = rowcol_view(acc_s);
-    if constexpr (kSoftcap) hook.apply(acc_s);
+    if constexpr (kScoreHook)
+      hook.apply(s_rc, offsets_rc, m * kBlockM + thread_row, key0 + thread_key, mask.offset(), slope);
     if (range.needs_mask(m))  // warp-uniform: the bulk skips the mask
       mask.apply(s_rc, offsets_rc, m * kBlockM + thread_row, key0 + thread_key);
     CUTE_UNROLL
@@ -176,13 +179,17 @@ CUTE_DEVICE void consume_bwd_wide(BwdParams<Traits> const& params, typename Trai
       CUTE_UNROLL
       for (int c = 0; c < size<1>(dp_rc); ++c) dp_rc(r, c) = s_rc(r, c) * (dp_rc(r, c) - dot_rows[r]);
     }
-    if constexpr (kSoftcap) {
-      CUTE_UNROLL
-      for (int r = 0; r < kScoreRows; ++r) {
-        const float lse = lse_log2[get<0>(offsets_rc(r, 0))];
+    if constexpr (kScoreHook) {
+      if (hook.softcap()) {  // ALiBi's bias alone leaves dS as it is
+        const float base = float(m * kBlockM + thread_row + mask.offset() - (key0 + thread_key));
         CUTE_UNROLL
-        for (int c = 0; c < size<1>(dp_rc); ++c)
-          dp_rc(r, c) *= hook.grad_factor(s_rc(r, c), lse, 1.f / args.scale_log2);
+        for (int r = 0; r < kScoreRows; ++r) {
+          const float lse = lse_log2[get<0>(offsets_rc(r, 0))];
+          CUTE_UNROLL
+          for (int c = 0; c < size<1>(dp_rc); ++c)
+            dp_rc(r, c) *= hook.grad_factor(s_rc(r, c), lse, 1.f / args.scale_log2,
+                                            ScoreHook::alibi_bias(slope, base, offsets_rc, r, c));
+        }
       }
     }
     convert_fragment_into(acc_dp, ds_regs);
@@ -221,7 +228,7 @@ CUTE_DEVICE void consume_bwd_wide(BwdParams<Traits> const& params, typename Trai
     ++q_state;
     ++do_state;
     buffer ^= 1;
-    if (++i == count) i = 0, dq_accum_head += int64_t(args.seqlen_q_padded) * kHeadDim;
+    if (++i == count) i = 0, dq_accum_head += int64_t(args.seqlen_q_padded) * kHeadDim, ++head;
   }
   warpgroup_wait<0>();
   if (release_pending) pipeline_q.consumer_release(q_release);

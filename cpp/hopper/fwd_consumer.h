@@ -9,7 +9,7 @@
 // left side last (mask.h); the bulk runs without mask code and keeps
 // each row's max while the weights stay small (online_softmax.h): no max search, no O rescale.
 // Where any thread of a warpgroup finds them too large, the warpgroup computes S again and
-// takes the full update. The score hook (softcap) runs on S before all of this. Key blocks
+// takes the full update. The score hook (softcap, ALiBi) runs on S before all of this. Key blocks
 // that none of a consumer's rows can see are skipped by that consumer alone. A piece of a
 // split tile (fwd_tail_split.h) runs its own key blocks and leaves its state; the CTA whose
 // piece finishes a tile merges and stores it once its own pieces are done (few-row tiles: all
@@ -92,9 +92,10 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
   TileWalk walk(params.schedule);
   for (; walk.valid(); walk.advance()) {
     const FwdTile tile = walk.tile();
-    const int row0 = tile_row0(params, tile.m_block);
-    // The tile's sequence (seq_view.h): a tile past its query rows runs nothing (nor loads).
+    // The tile's sequence (seq_view.h) and its place there (causal pairs per sequence): a tile
+    // past its query rows runs nothing (nor loads).
     const SeqView view = SeqView::of(args, tile.batch);
+    const int row0 = seq_tile(params, tile.m_block, view.seqlen_q).row0();
     if (row0 >= view.seqlen_q) continue;
     const MaskPolicy mask = view.mask(args);
     KeyBlockRange range = key_block_range<kBlockN>(mask, row0, Traits::kBlockM);
@@ -116,11 +117,17 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
     clear(acc_o);
     storage.q_full.wait(iteration & 1);
 
+    // Softcap and ALiBi on key block n's raw scores (the slope read here, not held).
+    auto apply_hook = [&](auto& acc_s_rc, int n) {
+      hook.apply(acc_s_rc, score_offsets_rc, my_row, n * kBlockN + thread_col, mask.offset(),
+                 hook.alibi_slope(tile.batch, tile.head));
+    };
+
     auto scores_done = [&](AccS& acc_s, int n, bool masked, float (&correction)[kThreadRows]) {
       pipeline_k.consumer_release(k_state);
       ++k_state;
       Tensor acc_s_rc = rowcol_view(acc_s);
-      if (hook.active()) hook.apply(acc_s);  // S is raw here
+      if (hook.active()) apply_hook(acc_s_rc, n);  // S is raw here
       if (masked) mask.apply(acc_s_rc, score_offsets_rc, my_row, n * kBlockN + thread_col);
       softmax.update_scores(acc_s_rc, correction);
     };
@@ -181,7 +188,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
         float block_sum[kThreadRows];
         if constexpr (kKeepMax) {
           Tensor acc_s_rc = rowcol_view(acc_s);
-          if (hook.active()) hook.apply(acc_s);
+          if (hook.active()) apply_hook(acc_s_rc, n);
           max_kept = all_of_threads(softmax.exp2_against_kept_max(acc_s_rc, block_sum),
                                     int(FwdBarrier::kKeptMax0) + consumer, 128);
           if (!max_kept && Traits::kHeadDim < 256) {

@@ -179,10 +179,10 @@ Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
   // so that the consumers a partial tile leaves idle sit in the first tile (the fewest keys), not
   // the last (the most). TMA boxes then start at row 0 or later, or are skipped.
   const int missing_rows = partial_last_tile ? Traits::kBlockM - p.seqlen_q % Traits::kBlockM : 0;
-  // Pairs balance the causal triangle; a window's tiles cost about the same each. Not with
-  // variable lengths: the pairs' costs differ per sequence, and the row shift would move
-  // every sequence's tiles by the longest one's remainder.
-  const bool paired = p.causal && !MaskPolicy::of(p).bounds_left() && SeqView::fixed(p);
+  // Pairs balance the causal triangle; a window's tiles cost about the same each. Packed
+  // queries (cu_seqlens_q) pair and shift each sequence's own tiles (seq_tile, fwd_params.h);
+  // row_shift is then the longest sequence's, unused.
+  const bool paired = p.causal && !MaskPolicy::of(p).bounds_left();
   kp.row_shift = paired ? missing_rows / Traits::kRowsPerConsumer * Traits::kRowsPerConsumer : 0;
   kp.schedule = TileSchedule::make(num_m_blocks, p.nheads, p.batch, group_size, paired, partial_last_tile);
   int grid = std::min(kp.schedule.num_units, sm_count);

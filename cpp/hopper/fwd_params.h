@@ -24,6 +24,7 @@ struct FwdParams {
   int tma_seqlen_k;
   // Causal: query tiles start this many rows (whole 64-row consumer blocks) before row 0, so a
   // partial tile is the first, the one that sees the fewest keys, not the last (tile_row0).
+  // Packed queries: each sequence's own, from its length (seq_tile).
   int row_shift;
   int nheads_kv;
   // The split tiles' counts and pieces' states (fwd_tail_split.h); null without a split.
@@ -72,6 +73,38 @@ CUTE_HOST_DEVICE QueryRowOf query_row_of(FwdParams<Traits> const& params, int ti
 template <class Traits>
 CUTE_HOST_DEVICE int tile_row0(FwdParams<Traits> const& params, int m_block) {
   return m_block * Traits::kBlockM - params.row_shift;
+}
+
+// A scheduled tile in its sequence: the query tile it runs there and the rows by which that
+// sequence's tiles start before row 0 (row0() at or past seqlen_q: nothing of the sequence).
+template <class Traits>
+struct SeqTile {
+  int m_block;
+  int row_shift;
+  CUTE_HOST_DEVICE int row0() const { return m_block * Traits::kBlockM - row_shift; }
+};
+
+// Causal pairs in a batch of packed queries (cu_seqlens_q): the schedule's pairs (M-1-r, r) are
+// laid out from the longest sequence's M tiles; a sequence of M_b tiles runs (M_b-1-r, r)
+// instead, so its pairs cost the same, and its own row shift. Its pair ranks r past
+// (M_b-1) / 2 have no tile left (M_b-1-r < r, or r is its middle tile again): those tiles are
+// placed past the sequence and skipped by producer and consumers alike. Equal lengths give the
+// fixed-length schedule. Otherwise (fixed lengths, unpaired tiles) the tile as scheduled.
+template <class Traits>
+CUTE_DEVICE SeqTile<Traits> seq_tile(FwdParams<Traits> const& params, int m_block, int seqlen_q) {
+  constexpr int kBlockM = Traits::kBlockM;
+  if (!params.schedule.paired || params.args.cu_seqlens_q == nullptr) return {m_block, params.row_shift};
+  const int tiles = params.schedule.num_m_blocks;
+  const int seq_tiles = (seqlen_q + kBlockM - 1) / kBlockM;
+  // As fwd_launch.h's row_shift: the rows a partial last tile leaves, in whole 64-row blocks.
+  const int shift = (seq_tiles * kBlockM - seqlen_q) / Traits::kRowsPerConsumer * Traits::kRowsPerConsumer;
+  const SeqTile<Traits> none{seq_tiles, shift};  // past the sequence
+  if (2 * m_block >= tiles - 1) {  // a pair's first tile M-1-r (or an odd M's middle one)
+    const int rank = tiles - 1 - m_block;
+    const int mine = seq_tiles - 1 - rank;
+    return mine >= rank ? SeqTile<Traits>{mine, shift} : none;
+  }
+  return 2 * m_block + 1 < seq_tiles ? SeqTile<Traits>{m_block, shift} : none;  // its second tile r
 }
 
 }  // namespace flashcute::hopper

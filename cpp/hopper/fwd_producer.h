@@ -7,7 +7,8 @@
 // (fwd_packed_heads.h). Key blocks go from the last to the first, as the consumers visit
 // them; a piece of a split tile (tile_scheduler.h) loads its own key blocks only. In a
 // variable-length batch a tile's rows and keys are its sequence's (seq_view.h): packed sides
-// are read at the sequence's start, and tiles past the sequence's query rows are skipped.
+// are read at the sequence's start, and tiles past the sequence's query rows are skipped
+// (causal pairs and row shift per sequence: seq_tile, fwd_params.h).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -47,7 +48,8 @@ CUTE_DEVICE void produce_fwd(FwdParams<Traits> const& params, typename Traits::S
   for (TileWalk walk(params.schedule); walk.valid(); walk.advance()) {
     const FwdTile tile = walk.tile();
     const SeqView view = SeqView::of(args, tile.batch);
-    const int row0 = tile_row0(params, tile.m_block);
+    const SeqTile<Traits> place = seq_tile(params, tile.m_block, view.seqlen_q);  // causal pairs per sequence
+    const int row0 = place.row0();
     if (row0 >= view.seqlen_q) continue;  // the consumers skip it too
     const int kv_head = tile.head / args.heads_per_kv;
     const KeyBlockRange range = key_block_range<kBlockN>(view.mask(args), row0, Traits::kBlockM);
@@ -58,7 +60,7 @@ CUTE_DEVICE void produce_fwd(FwdParams<Traits> const& params, typename Traits::S
     // Packed sides: the sequence's rows start at q_start / k_start of one batch (seq_view.h).
     const int q_batch = tma_batch(args.cu_seqlens_q, tile.batch);
     const int k_batch = tma_batch(args.cu_seqlens_k, tile.batch);
-    Tensor tQgQ = tma_q.partition_S(local_tile(domain_offset(make_coord(view.q_start - params.row_shift, _0{}),
+    Tensor tQgQ = tma_q.partition_S(local_tile(domain_offset(make_coord(view.q_start - place.row_shift, _0{}),
                                                              mQ(_, _, tile.head, q_batch)),
                                                typename Traits::TileQ{}, make_coord(_, _0{})));
     Tensor tKgK = tma_k.partition_S(local_tile(domain_offset(make_coord(view.k_start, _0{}), mK(_, _, kv_head, k_batch)),
@@ -89,8 +91,8 @@ CUTE_DEVICE void produce_fwd(FwdParams<Traits> const& params, typename Traits::S
     if (n >= n_begin) load_k(n);
     if (iteration > 0) storage.q_empty.wait((iteration - 1) & 1);
     // A shifted first tile: its 64-row blocks before row 0 stay unloaded (their consumers skip them).
-    const int first_block = tile.m_block * Traits::kConsumers;
-    const int skipped = tile.m_block == 0 ? params.row_shift / kRows : 0;
+    const int first_block = place.m_block * Traits::kConsumers;
+    const int skipped = place.m_block == 0 ? place.row_shift / kRows : 0;
     storage.q_full.arrive_and_expect_tx(Traits::kQBytes / Traits::kConsumers * (Traits::kConsumers - skipped));
     bool q_loaded = false;
     if constexpr (kPacksQueryHeads<Traits>) {

@@ -5,7 +5,9 @@
 // the blocks m and M-1-m of one head together cost the same for every m. Units made of such
 // pairs (longest tile first) have equal cost, and handing them out round-robin balances the
 // CTAs up to the last partial round, with no atomic counter. When M is odd the middle block
-// is a unit of its own; those half units come after all pairs and fill the tail.
+// is a unit of its own; those half units come after all pairs and fill the tail. With packed
+// queries of several lengths, M is the longest sequence's; each sequence pairs its own tiles
+// in those units (seq_tile, fwd_params.h).
 //
 // Units are grouped by (batch, head) so that the CTAs running at once share few K/V heads
 // (their K/V stays in L2; the group size is chosen at launch, fwd_launch.h); inside a group

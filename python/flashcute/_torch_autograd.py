@@ -44,37 +44,40 @@ class _Attention(torch.autograd.Function):
     def forward(  # type: ignore[override]
         ctx: Any, q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: Optional[float],
         backend: Optional[str], deterministic: bool, window: tuple[int, int], softcap: float,
+        alibi_slopes: Optional[Tensor],
     ) -> tuple[Tensor, Tensor]:
         out, lse = _torch_direct.attention(
             q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True, backend=backend,
-            window=window, softcap=softcap,
+            window=window, softcap=softcap, alibi_slopes=alibi_slopes,
         )
-        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.save_for_backward(q, k, v, out, lse, alibi_slopes)
         save_options(ctx, lse, causal, softmax_scale, window, softcap, deterministic, backend)
         return out, lse
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, dout: Tensor, _dlse: Optional[Tensor]) -> tuple[Any, ...]:  # type: ignore[override]
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, alibi_slopes = ctx.saved_tensors
         dq, dk, dv = _torch_direct.attention_backward(
             kernel_layout(dout), q, k, v, out, lse, causal=ctx.causal,
             softmax_scale=ctx.softmax_scale,
             deterministic=ctx.deterministic or torch.are_deterministic_algorithms_enabled(),
             backend=ctx.backend, window=ctx.window, softcap=ctx.softcap,
+            alibi_slopes=alibi_slopes,
         )
-        return dq, dk, dv, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
 def attention(
     q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: Optional[float],
     backend: Optional[str], deterministic: bool = False, window: tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
+    softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor]:
-    """(out, lse) of a differentiable call; lse is not differentiable. ``deterministic`` makes
-    its backward bitwise reproducible (as ``torch.use_deterministic_algorithms`` does); the
-    backward takes the forward's window and softcap."""
+    """(out, lse) of a differentiable call; lse is not differentiable, nor are the ALiBi
+    slopes. ``deterministic`` makes its backward bitwise reproducible (as
+    ``torch.use_deterministic_algorithms`` does); the backward takes the forward's window,
+    softcap and slopes."""
     out, lse = _Attention.apply(
-        q, k, v, causal, softmax_scale, backend, deterministic, window, softcap
+        q, k, v, causal, softmax_scale, backend, deterministic, window, softcap, alibi_slopes
     )
     return out, lse

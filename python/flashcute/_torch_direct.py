@@ -70,21 +70,21 @@ def _stream(device: int) -> int:
 def _signature(
     q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor], causal: bool,
     softmax_scale: Optional[float], backend: Optional[str], window: tuple[int, int],
-    softcap: float,
+    softcap: float, alibi_slopes: Optional[Tensor],
 ) -> tuple[Any, ...]:
     return ("forward", _layout(q), _layout(k), _layout(v), _layout(out), causal, softmax_scale,
-            backend, window, softcap)
+            backend, window, softcap, _layout(alibi_slopes))
 
 
 def _plan(
     q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor], causal: bool,
     softmax_scale: Optional[float], backend: Optional[str], window: tuple[int, int],
-    softcap: float,
+    softcap: float, alibi_slopes: Optional[Tensor],
 ) -> _Plan:
     ext = load_extension()  # a missing extension is reported before any argument
     problem = validate_forward(
         q, k, v, out, causal=causal, softmax_scale=softmax_scale, backend=backend,
-        window=window, softcap=softcap,
+        window=window, softcap=softcap, alibi_slopes=alibi_slopes,
     )
     capability = int(ext.device_capability(problem.device_id))
     code = choose_backend(backend, capability, headdim=problem.headdim, dtype=problem.dtype)
@@ -129,14 +129,15 @@ def attention(
     q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: Optional[float],
     return_lse: bool, backend: Optional[str], out: Optional[Tensor] = None,
     window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> Any:
     """The output (``out`` when given; and lse) of a call nothing watches; scalar arguments
     already type-checked (``window`` as ``kernel_window`` returns it). Raises what
     ``attention_dlpack`` raises for the same arguments."""
-    key = _signature(q, k, v, out, causal, softmax_scale, backend, window, softcap)
+    key = _signature(q, k, v, out, causal, softmax_scale, backend, window, softcap, alibi_slopes)
     plan = _plans.get(key)
     if plan is None:
-        plan = _plan(q, k, v, out, causal, softmax_scale, backend, window, softcap)
+        plan = _plan(q, k, v, out, causal, softmax_scale, backend, window, softcap, alibi_slopes)
         _keep(key, plan)
     problem = plan.problem
     out, lse, workspace = _forward_buffers(q, plan, out, return_lse)
@@ -147,6 +148,7 @@ def attention(
             plan.backend_code, _stream(problem.device_id),
             to_dlpack(workspace) if workspace is not None else None,
             problem.window_left, problem.window_right, problem.softcap,
+            _capsule(alibi_slopes) if alibi_slopes is not None else None,
         )
     return (out, lse) if return_lse else out
 
@@ -154,13 +156,14 @@ def attention(
 def _backward_plan(
     tensors: tuple[Tensor, ...], grads: tuple[Optional[Tensor], ...], causal: bool,
     softmax_scale: Optional[float], deterministic: bool, backend: Optional[str],
-    window: tuple[int, int], softcap: float,
+    window: tuple[int, int], softcap: float, alibi_slopes: Optional[Tensor],
 ) -> _Plan:
     ext = load_extension()
     dq, dk, dv = grads
     problem = validate_backward(
         *tensors, dq=dq, dk=dk, dv=dv, causal=causal, softmax_scale=softmax_scale,
         deterministic=deterministic, backend=backend, window=window, softcap=softcap,
+        alibi_slopes=alibi_slopes,
     )
     capability = int(ext.device_capability(problem.device_id))
     code = choose_backward_backend(
@@ -180,6 +183,7 @@ def attention_backward(
     softmax_scale: Optional[float], deterministic: bool, backend: Optional[str],
     dq: Optional[Tensor] = None, dk: Optional[Tensor] = None, dv: Optional[Tensor] = None,
     window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of a backward call nothing watches: the given buffers or new tensors.
     Raises what ``flashcute.backward.attention_backward`` raises for the same arguments."""
@@ -187,12 +191,13 @@ def attention_backward(
     grads = (dq, dk, dv)
     key = (
         "backward", *(_layout(x) for x in tensors), *(_layout(g) for g in grads),
-        causal, softmax_scale, deterministic, backend, window, softcap,
+        causal, softmax_scale, deterministic, backend, window, softcap, _layout(alibi_slopes),
     )
     plan = _plans.get(key)
     if plan is None:
         plan = _backward_plan(
-            tensors, grads, causal, softmax_scale, deterministic, backend, window, softcap
+            tensors, grads, causal, softmax_scale, deterministic, backend, window, softcap,
+            alibi_slopes,
         )
         _keep(key, plan)
     problem = plan.problem
@@ -201,5 +206,6 @@ def attention_backward(
         *(_capsule(x) for x in (*tensors, dq, dk, dv)), to_dlpack(workspace),
         problem.scale, causal, deterministic, plan.backend_code, _stream(problem.device_id),
         problem.window_left, problem.window_right, problem.softcap,
+        _capsule(alibi_slopes) if alibi_slopes is not None else None,
     )
     return dq, dk, dv

@@ -33,14 +33,16 @@ from ._validate_backward import backward_problem
 def _fake_forward_problem(
     q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor], causal: bool,
     backend: Optional[str], softmax_scale: float, window: tuple[int, int], softcap: float,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> ForwardProblem:
     """The real forward's checks, run by the fake implementation so that ``torch.compile``
-    reports a bad dtype, shape, head dim, window or softcap while tracing. Inputs off CUDA
-    (meta tensors, whose op this fake is, or CPU tensors) skip the device checks and the
-    dispatch; a real call on CPU tensors still raises the device error when it runs."""
+    reports a bad dtype, shape, head dim, window, softcap or ALiBi slopes while tracing.
+    Inputs off CUDA (meta tensors, whose op this fake is, or CPU tensors) skip the device
+    checks and the dispatch; a real call on CPU tensors still raises the device error when it
+    runs."""
     problem, infos = forward_problem(
         q, k, v, out, causal=causal, softmax_scale=softmax_scale, backend=backend,
-        window=window, softcap=softcap,
+        window=window, softcap=softcap, alibi_slopes=alibi_slopes,
     )
     _fake_device_checks(q, infos, lambda capability: choose_backend(
         backend, capability, headdim=problem.headdim, dtype=problem.dtype))
@@ -67,23 +69,26 @@ def _fake_device_checks(q: Tensor, infos: list[Any], choose: Callable[[int], Any
 def attention_forward(
     q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float, backend: Optional[str],
     deterministic: bool = False, window_left: int = -1, window_right: int = -1,
-    softcap: float = 0.0,
+    softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor]:
     """(out, lse) of flashcute's forward; out is contiguous (batch, seqlen_q, nheads, headdim).
     ``deterministic`` asks the autograd formula for a bitwise reproducible backward; the
-    window sides and softcap are ``flashcute.attention``'s ``window`` and ``softcap``."""
+    window sides, softcap and ALiBi slopes are ``flashcute.attention``'s ``window``,
+    ``softcap`` and ``alibi_slopes`` (not differentiated)."""
     return _torch_direct.attention(
         q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True, backend=backend,
-        window=(window_left, window_right), softcap=softcap,
+        window=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,
     )
 
 
 @attention_forward.register_fake
 def _(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float,
       backend: Optional[str], deterministic: bool = False, window_left: int = -1,
-      window_right: int = -1, softcap: float = 0.0) -> tuple[Tensor, Tensor]:
+      window_right: int = -1, softcap: float = 0.0,
+      alibi_slopes: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     problem = _fake_forward_problem(
-        q, k, v, None, causal, backend, *_concrete(softmax_scale, window_left, window_right, softcap)
+        q, k, v, None, causal, backend, *_concrete(softmax_scale, window_left, window_right, softcap),
+        alibi_slopes,
     )
     return q.new_empty(problem.out_shape), q.new_empty(problem.lse_shape, dtype=torch.float32)
 
@@ -92,12 +97,13 @@ def _(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float,
 def attention_forward_out(
     q: Tensor, k: Tensor, v: Tensor, out: Tensor, causal: bool, softmax_scale: float,
     backend: Optional[str], window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> Tensor:
     """Writes the forward's output into ``out`` and returns lse: calls with ``out=`` that a
     compiler or another transform watches (not differentiable)."""
     _, lse = _torch_direct.attention(
         q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True, backend=backend,
-        out=out, window=(window_left, window_right), softcap=softcap,
+        out=out, window=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,
     )
     return lse
 
@@ -105,9 +111,10 @@ def attention_forward_out(
 @attention_forward_out.register_fake
 def _(q: Tensor, k: Tensor, v: Tensor, out: Tensor, causal: bool, softmax_scale: float,
       backend: Optional[str], window_left: int = -1, window_right: int = -1,
-      softcap: float = 0.0) -> Tensor:
+      softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None) -> Tensor:
     problem = _fake_forward_problem(
-        q, k, v, out, causal, backend, *_concrete(softmax_scale, window_left, window_right, softcap)
+        q, k, v, out, causal, backend, *_concrete(softmax_scale, window_left, window_right, softcap),
+        alibi_slopes,
     )
     return q.new_empty(problem.lse_shape, dtype=torch.float32)
 
@@ -116,27 +123,28 @@ def _(q: Tensor, k: Tensor, v: Tensor, out: Tensor, causal: bool, softmax_scale:
 def attention_backward(
     dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool,
     softmax_scale: float, deterministic: bool, backend: Optional[str], window_left: int = -1,
-    window_right: int = -1, softcap: float = 0.0,
+    window_right: int = -1, softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of flashcute's backward, each contiguous."""
     return _torch_direct.attention_backward(
         kernel_layout(dout), q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
         deterministic=deterministic, backend=backend, window=(window_left, window_right),
-        softcap=softcap,
+        softcap=softcap, alibi_slopes=alibi_slopes,
     )
 
 
 @attention_backward.register_fake
 def _(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool,
       softmax_scale: float, deterministic: bool, backend: Optional[str], window_left: int = -1,
-      window_right: int = -1, softcap: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
+      window_right: int = -1, softcap: float = 0.0,
+      alibi_slopes: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
     # As the forward's fake: the real call's checks, on a dout of the layout the real call
     # hands the kernel (kernel_layout copies autograd's expanded or oddly strided gradients).
     softmax_scale, window, softcap = _concrete(softmax_scale, window_left, window_right, softcap)
     problem, infos = backward_problem(
         dout.new_empty(dout.shape), q, k, v, out, lse, causal=causal,
         softmax_scale=softmax_scale, deterministic=deterministic, backend=backend,
-        window=window, softcap=softcap,
+        window=window, softcap=softcap, alibi_slopes=alibi_slopes,
     )
     _fake_device_checks(q, infos, lambda capability: choose_backward_backend(
         backend, capability, headdim=problem.headdim, dtype=problem.dtype,
@@ -146,9 +154,9 @@ def _(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, c
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
-    q, k, v, causal, softmax_scale, backend, deterministic, left, right, softcap = inputs
+    q, k, v, causal, softmax_scale, backend, deterministic, left, right, softcap, slopes = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.save_for_backward(q, k, v, out, lse, slopes)
     ctx.causal = causal
     ctx.softmax_scale = softmax_scale
     ctx.window = (left, right)
@@ -162,13 +170,13 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tens
 
 
 def _backward(ctx: Any, dout: Tensor, _dlse: Optional[Tensor]) -> tuple[Any, ...]:
-    q, k, v, out, lse = ctx.saved_tensors
+    q, k, v, out, lse, slopes = ctx.saved_tensors
     dq, dk, dv = attention_backward(
         dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale,
         ctx.deterministic or torch.are_deterministic_algorithms_enabled(), ctx.backend,
-        *ctx.window, ctx.softcap,
+        *ctx.window, ctx.softcap, slopes,
     )
-    return dq, dk, dv, None, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -208,35 +216,39 @@ def attention(
     q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: Optional[float],
     return_lse: bool, backend: Optional[str], out: Optional[Tensor] = None,
     deterministic: bool = False, window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> Any:
     """The front door's torch route (arguments already type-checked; ``window`` as
     ``kernel_window`` returns it). Calls with ``out`` are not differentiable (the front door
     refused inputs that require grad); where something watches one, it goes through the
-    mutating custom op ``flashcute::attention_forward_out``."""
+    mutating custom op ``flashcute::attention_forward_out``. The slopes get no gradient."""
     left, right = window
+    slopes = () if alibi_slopes is None else (alibi_slopes,)
     if out is not None:
-        if route(q, k, v, out) != "direct":
+        if route(q, k, v, out, *slopes) != "direct":
             lse = attention_forward_out(
-                q, k, v, out, causal, _scale(q, softmax_scale), backend, left, right, softcap
+                q, k, v, out, causal, _scale(q, softmax_scale), backend, left, right, softcap,
+                alibi_slopes,
             )
             return (out, lse) if return_lse else out
     elif q.dim() == 4:
-        how = route(q, k, v)
+        how = route(q, k, v, *slopes)
         if how == "custom_op":
             result, lse = attention_forward(
                 q, k, v, causal, _scale(q, softmax_scale), backend, deterministic, left, right,
-                softcap,
+                softcap, alibi_slopes,
             )
             return (result, lse) if return_lse else result
         if how == "autograd":
             result, lse = _torch_autograd.attention(
                 q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend,
                 deterministic=deterministic, window=window, softcap=softcap,
+                alibi_slopes=alibi_slopes,
             )
             return (result, lse) if return_lse else result
     return _torch_direct.attention(
         q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
-        backend=backend, out=out, window=window, softcap=softcap,
+        backend=backend, out=out, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
     )
 
 

@@ -55,18 +55,19 @@ def forward(
     max_seqlen_q: int, max_seqlen_k: int, *, seqused_k: Optional[Tensor], causal: bool,
     softmax_scale: Optional[float], return_lse: bool, backend: Optional[str],
     out: Optional[Tensor] = None, window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> Any:
     """The output (``out`` when given; and lse) of a call nothing watches."""
     key = ("varlen_forward", _layout(q), _layout(k), _layout(v), _layout(out),
            _layout(cu_seqlens_q), _layout(cu_seqlens_k), _layout(seqused_k), max_seqlen_q,
-           max_seqlen_k, causal, softmax_scale, backend, window, softcap)
+           max_seqlen_k, causal, softmax_scale, backend, window, softcap, _layout(alibi_slopes))
     plan = _plans.get(key)
     if plan is None:
         ext = varlen_extension()
         problem = validate_varlen(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out,
             seqused_k=seqused_k, causal=causal, softmax_scale=softmax_scale, backend=backend,
-            window=window, softcap=softcap,
+            window=window, softcap=softcap, alibi_slopes=alibi_slopes,
         )
         code = choose_backend(backend, int(ext.device_capability(problem.device_id)),
                               headdim=problem.headdim, dtype=problem.dtype)
@@ -80,8 +81,9 @@ def forward(
             _capsule(q), _capsule(k), _capsule(v), _capsule(out), _optional_capsule(lse),
             problem.scale, causal, plan.backend_code, _stream(problem.device_id),
             _optional_capsule(workspace), problem.window_left, problem.window_right,
-            problem.softcap, to_dlpack(cu_seqlens_q), to_dlpack(cu_seqlens_k),
-            _optional_capsule(seqused_k), problem.max_seqlen_q, problem.max_seqlen_k,
+            problem.softcap, _optional_capsule(alibi_slopes), to_dlpack(cu_seqlens_q),
+            to_dlpack(cu_seqlens_k), _optional_capsule(seqused_k), problem.max_seqlen_q,
+            problem.max_seqlen_k,
         )
     return (out, lse) if return_lse else out
 
@@ -93,9 +95,11 @@ def backward(
     deterministic: bool, backend: Optional[str], dq: Optional[Tensor] = None,
     dk: Optional[Tensor] = None, dv: Optional[Tensor] = None,
     window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of a backward call nothing watches: the given buffers or new tensors."""
-    tensors = (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, dq, dk, dv)
+    tensors = (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, dq, dk, dv,
+               alibi_slopes)
     key = ("varlen_backward", *(_layout(x) for x in tensors), max_seqlen_q, max_seqlen_k,
            causal, softmax_scale, deterministic, backend, window, softcap)
     plan = _plans.get(key)
@@ -105,7 +109,7 @@ def backward(
             dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
             seqused_k=seqused_k, dq=dq, dk=dk, dv=dv, causal=causal,
             softmax_scale=softmax_scale, deterministic=deterministic, backend=backend,
-            window=window, softcap=softcap,
+            window=window, softcap=softcap, alibi_slopes=alibi_slopes,
         )
         code = choose_backward_backend(
             backend, int(ext.device_capability(problem.device_id)), headdim=problem.headdim,
@@ -118,9 +122,9 @@ def backward(
     varlen_extension().backward(
         *(_capsule(x) for x in (dout, q, k, v, out, lse, dq, dk, dv)), to_dlpack(workspace),
         problem.scale, causal, deterministic, plan.backend_code, _stream(problem.device_id),
-        problem.window_left, problem.window_right, problem.softcap, to_dlpack(cu_seqlens_q),
-        to_dlpack(cu_seqlens_k), _optional_capsule(seqused_k), problem.max_seqlen_q,
-        problem.max_seqlen_k,
+        problem.window_left, problem.window_right, problem.softcap,
+        _optional_capsule(alibi_slopes), to_dlpack(cu_seqlens_q), to_dlpack(cu_seqlens_k),
+        _optional_capsule(seqused_k), problem.max_seqlen_q, problem.max_seqlen_k,
     )
     return dq, dk, dv
 
@@ -143,7 +147,7 @@ def _fake_problem(
     q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
     seqused_k: Optional[Tensor], max_seqlen_q: Any, max_seqlen_k: Any, out: Optional[Tensor],
     causal: bool, backend: Optional[str], softmax_scale: Any, window_left: Any, window_right: Any,
-    softcap: Any,
+    softcap: Any, alibi_slopes: Optional[Tensor],
 ) -> VarlenProblem:
     """The real forward's checks, run while tracing (device checks only on CUDA inputs)."""
     max_q, max_k, scale, window, cap = _concrete(
@@ -152,6 +156,7 @@ def _fake_problem(
     problem, infos = varlen_problem(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, out, seqused_k=seqused_k,
         causal=causal, softmax_scale=scale, backend=backend, window=window, softcap=cap,
+        alibi_slopes=alibi_slopes,
     )
     _torch_ops._fake_device_checks(q, infos, lambda capability: choose_backend(
         backend, capability, headdim=problem.headdim, dtype=problem.dtype))
@@ -164,14 +169,15 @@ def attention_varlen_forward(
     seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, causal: bool,
     softmax_scale: float, backend: Optional[str], deterministic: bool = False,
     window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor]:
     """(out, lse) of a variable-length forward: out (total_q, nheads, headdim), lse
     (nheads, total_q). ``deterministic`` asks the autograd formula for a bitwise reproducible
-    backward."""
+    backward; the ALiBi slopes are not differentiated."""
     return forward(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=seqused_k,
         causal=causal, softmax_scale=softmax_scale, return_lse=True, backend=backend,
-        window=(window_left, window_right), softcap=softcap,
+        window=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,
     )
 
 
@@ -179,10 +185,11 @@ def attention_varlen_forward(
 def _(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
       seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, causal: bool,
       softmax_scale: float, backend: Optional[str], deterministic: bool = False,
-      window_left: int = -1, window_right: int = -1, softcap: float = 0.0) -> tuple[Tensor, Tensor]:
+      window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+      alibi_slopes: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     problem = _fake_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                             max_seqlen_k, None, causal, backend, softmax_scale, window_left,
-                            window_right, softcap)
+                            window_right, softcap, alibi_slopes)
     return q.new_empty(problem.out_shape), q.new_empty(problem.lse_shape, dtype=torch.float32)
 
 
@@ -191,14 +198,14 @@ def attention_varlen_forward_out(
     q: Tensor, k: Tensor, v: Tensor, out: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
     seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, causal: bool,
     softmax_scale: float, backend: Optional[str], window_left: int = -1, window_right: int = -1,
-    softcap: float = 0.0,
+    softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
 ) -> Tensor:
     """Writes a variable-length forward's output into ``out`` and returns lse (calls with
     ``out=`` that something watches; not differentiable)."""
     _, lse = forward(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=seqused_k,
         causal=causal, softmax_scale=softmax_scale, return_lse=True, backend=backend, out=out,
-        window=(window_left, window_right), softcap=softcap,
+        window=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,
     )
     return lse
 
@@ -207,10 +214,10 @@ def attention_varlen_forward_out(
 def _(q: Tensor, k: Tensor, v: Tensor, out: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
       seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, causal: bool,
       softmax_scale: float, backend: Optional[str], window_left: int = -1, window_right: int = -1,
-      softcap: float = 0.0) -> Tensor:
+      softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None) -> Tensor:
     problem = _fake_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                             max_seqlen_k, out, causal, backend, softmax_scale, window_left,
-                            window_right, softcap)
+                            window_right, softcap, alibi_slopes)
     return q.new_empty(problem.lse_shape, dtype=torch.float32)
 
 
@@ -220,13 +227,14 @@ def attention_varlen_backward(
     cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqused_k: Optional[Tensor], max_seqlen_q: int,
     max_seqlen_k: int, causal: bool, softmax_scale: float, deterministic: bool,
     backend: Optional[str], window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of a variable-length backward, each contiguous."""
     return backward(
         kernel_layout(dout), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
         max_seqlen_k, seqused_k=seqused_k, causal=causal, softmax_scale=softmax_scale,
         deterministic=deterministic, backend=backend, window=(window_left, window_right),
-        softcap=softcap,
+        softcap=softcap, alibi_slopes=alibi_slopes,
     )
 
 
@@ -235,14 +243,14 @@ def _(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
       cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqused_k: Optional[Tensor], max_seqlen_q: int,
       max_seqlen_k: int, causal: bool, softmax_scale: float, deterministic: bool,
       backend: Optional[str], window_left: int = -1, window_right: int = -1,
-      softcap: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
+      softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
     max_q, max_k, scale, window, cap = _concrete(
         max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right, softcap
     )
     problem, infos = varlen_backward_problem(
         dout.new_empty(dout.shape), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_q, max_k,
         seqused_k=seqused_k, causal=causal, softmax_scale=scale, deterministic=deterministic,
-        backend=backend, window=window, softcap=cap,
+        backend=backend, window=window, softcap=cap, alibi_slopes=alibi_slopes,
     )
     _torch_ops._fake_device_checks(q, infos, lambda capability: choose_backward_backend(
         backend, capability, headdim=problem.headdim, dtype=problem.dtype,
@@ -252,21 +260,21 @@ def _(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
     (q, k, v, cu_q, cu_k, used, max_q, max_k, causal, scale, backend, deterministic, left, right,
-     softcap) = inputs
+     softcap, slopes) = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used)
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used, slopes)
     ctx.sizes = (max_q, max_k)
     save_options(ctx, lse, causal, scale, (left, right), softcap, deterministic, backend)
 
 
 def _backward(ctx: Any, dout: Tensor, _dlse: Optional[Tensor]) -> tuple[Any, ...]:
-    q, k, v, out, lse, cu_q, cu_k, used = ctx.saved_tensors
+    q, k, v, out, lse, cu_q, cu_k, used, slopes = ctx.saved_tensors
     dq, dk, dv = attention_varlen_backward(
         dout, q, k, v, out, lse, cu_q, cu_k, used, *ctx.sizes, ctx.causal, ctx.softmax_scale,
         ctx.deterministic or torch.are_deterministic_algorithms_enabled(), ctx.backend,
-        *ctx.window, ctx.softcap,
+        *ctx.window, ctx.softcap, slopes,
     )
-    return (dq, dk, dv) + (None,) * 12
+    return (dq, dk, dv) + (None,) * 13
 
 
 attention_varlen_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -282,14 +290,14 @@ class _AttentionVarlen(torch.autograd.Function):
         ctx: Any, q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor,
         used: Optional[Tensor], max_q: int, max_k: int, causal: bool,
         softmax_scale: Optional[float], backend: Optional[str], deterministic: bool,
-        window: tuple[int, int], softcap: float,
+        window: tuple[int, int], softcap: float, slopes: Optional[Tensor],
     ) -> tuple[Tensor, Tensor]:
         out, lse = forward(
             q, k, v, cu_q, cu_k, max_q, max_k, seqused_k=used, causal=causal,
             softmax_scale=softmax_scale, return_lse=True, backend=backend, window=window,
-            softcap=softcap,
+            softcap=softcap, alibi_slopes=slopes,
         )
-        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used, slopes)
         ctx.sizes = (max_q, max_k)
         save_options(ctx, lse, causal, softmax_scale, window, softcap, deterministic, backend)
         return out, lse
@@ -297,14 +305,14 @@ class _AttentionVarlen(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, dout: Tensor, _dlse: Optional[Tensor]) -> tuple[Any, ...]:  # type: ignore[override]
-        q, k, v, out, lse, cu_q, cu_k, used = ctx.saved_tensors
+        q, k, v, out, lse, cu_q, cu_k, used, slopes = ctx.saved_tensors
         dq, dk, dv = backward(
             kernel_layout(dout), q, k, v, out, lse, cu_q, cu_k, *ctx.sizes, seqused_k=used,
             causal=ctx.causal, softmax_scale=ctx.softmax_scale,
             deterministic=ctx.deterministic or torch.are_deterministic_algorithms_enabled(),
-            backend=ctx.backend, window=ctx.window, softcap=ctx.softcap,
+            backend=ctx.backend, window=ctx.window, softcap=ctx.softcap, alibi_slopes=slopes,
         )
-        return (dq, dk, dv) + (None,) * 11
+        return (dq, dk, dv) + (None,) * 12
 
 
 # ---------------------------------------------------------------------------------------------
@@ -326,16 +334,18 @@ def attention(
     softmax_scale: Optional[float], return_lse: bool, backend: Optional[str],
     out: Optional[Tensor] = None, deterministic: bool = False,
     window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> Any:
     """The torch route of ``attention_varlen`` (scalar arguments already checked)."""
     left, right = window
-    watched = [x for x in (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, out) if x is not None]
+    watched = [x for x in (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, out, alibi_slopes)
+               if x is not None]
     how = _torch_ops.route(*watched)
     if out is not None:
         if how != "direct":
             lse = attention_varlen_forward_out(
                 q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                causal, _scale(q, softmax_scale), backend, left, right, softcap,
+                causal, _scale(q, softmax_scale), backend, left, right, softcap, alibi_slopes,
             )
             return (out, lse) if return_lse else out
     elif q.dim() == 3:
@@ -343,16 +353,17 @@ def attention(
             result, lse = attention_varlen_forward(
                 q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                 causal, _scale(q, softmax_scale), backend, deterministic, left, right, softcap,
+                alibi_slopes,
             )
             return (result, lse) if return_lse else result
         if how == "autograd":
             result, lse = _AttentionVarlen.apply(
                 q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                causal, softmax_scale, backend, deterministic, window, softcap,
+                causal, softmax_scale, backend, deterministic, window, softcap, alibi_slopes,
             )
             return (result, lse) if return_lse else result
     return forward(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=seqused_k,
         causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, backend=backend,
-        out=out, window=window, softcap=softcap,
+        out=out, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
     )

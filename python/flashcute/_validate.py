@@ -10,7 +10,7 @@ import math
 import numbers
 import struct
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from ._build_info import BACKEND_NAMES, backend_support, load_extension
 from ._frameworks import framework_of, is_dlpack
@@ -69,6 +69,7 @@ class ForwardProblem:
     window_left: int = -1
     window_right: int = -1
     softcap: float = 0.0  # 0: off
+    alibi: bool = False  # ALiBi slopes given (checked against batch and nheads)
 
     @property
     def out_shape(self) -> tuple[int, int, int, int]:
@@ -239,6 +240,27 @@ def check_softcap_scale(softcap: float, scale: float) -> None:
         )
 
 
+def _check_alibi_slopes(info: _Info, batch: int, nheads: int) -> None:
+    """FlashAttention's ``alibi_slopes``: float32 of shape (nheads,) or (batch, nheads), unit
+    stride over heads; TypeError or ValueError naming ``alibi_slopes`` otherwise."""
+    if info.dtype != "float32":
+        raise TypeError(f"alibi_slopes: expected float32, got {info.dtype}")
+    if info.shape not in ((nheads,), (batch, nheads)):
+        raise ValueError(
+            f"alibi_slopes: expected shape (nheads,) = ({nheads},) or (batch, nheads) = "
+            f"({batch}, {nheads}), got {_fmt(info.shape)}"
+        )
+    if nheads > 1 and info.strides[-1] != 1:
+        raise ValueError(
+            f"alibi_slopes: expected unit stride over heads (the last dimension), got strides "
+            f"{_fmt(info.strides)}"
+        )
+    if len(info.shape) == 2 and batch > 1 and nheads > 0 and info.strides[0] < 0:
+        raise ValueError(
+            f"alibi_slopes: expected a non-negative batch stride, got strides {_fmt(info.strides)}"
+        )
+
+
 def check_deterministic(deterministic: Any) -> None:
     """Type check of the ``deterministic`` flag."""
     if not isinstance(deterministic, bool):
@@ -365,6 +387,7 @@ def validate_forward(
     backend: Any = None,
     window: Any = (-1, -1),
     softcap: Any = 0.0,
+    alibi_slopes: Any = None,
 ) -> ForwardProblem:
     """Check the arguments of an attention forward call and describe the problem.
 
@@ -377,6 +400,8 @@ def validate_forward(
         backend: None, "ampere" or "hopper" (only the name is checked here).
         window: (left, right), ints >= -1 (-1: unbounded).
         softcap: finite float >= 0 (0: off) that works with the scale in float32.
+        alibi_slopes: None, or a float32 (nheads,) or (batch, nheads) DLPack tensor with unit
+            stride over heads, on q's device.
 
     Every tensor needs unit stride in the headdim dimension, positive strides elsewhere and
     must live on one CUDA device. Zero batch, sequence length or head count is valid.
@@ -388,13 +413,13 @@ def validate_forward(
     Raises:
         TypeError: a non-DLPack argument, wrong dtypes, a non-bool causal, a window or
             softcap of the wrong type.
-        ValueError: wrong ranks, shapes, strides, devices, head dim, scale, window, softcap
-            or backend name.
+        ValueError: wrong ranks, shapes, strides, devices, head dim, scale, window, softcap,
+            ALiBi slopes or backend name.
         ImportError: the compiled extension is missing.
     """
     problem, infos = forward_problem(
         q, k, v, out, causal=causal, softmax_scale=softmax_scale, backend=backend,
-        window=window, softcap=softcap,
+        window=window, softcap=softcap, alibi_slopes=alibi_slopes,
     )
     _check_devices(infos[0], infos[1:])
     return problem
@@ -412,12 +437,26 @@ def _resolve_scalars(
     return scale, cap, window_left, window_right
 
 
+def _alibi_infos(
+    alibi_slopes: Any, batch: int, nheads: int, inspect: Callable[[str, Any], _Info] = _inspect
+) -> list[_Info]:
+    """The ALiBi slopes' info checked against batch and nheads, in a list (empty without
+    slopes) to append to the infos of the device check; ``inspect`` is the caller's, so the
+    slopes are described like its other tensors."""
+    if alibi_slopes is None:
+        return []
+    info = inspect("alibi_slopes", alibi_slopes)
+    _check_alibi_slopes(info, batch, nheads)
+    return [info]
+
+
 def forward_problem(
     q: Any, k: Any, v: Any, out: Any = None, *, causal: Any, softmax_scale: Any, backend: Any,
-    window: Any = (-1, -1), softcap: Any = 0.0,
+    window: Any = (-1, -1), softcap: Any = 0.0, alibi_slopes: Any = None,
 ) -> tuple[ForwardProblem, list[_Info]]:
     """``validate_forward`` without its last check (devices): the problem and the tensors'
-    infos, q's first, for callers that add tensors of their own before checking devices."""
+    infos, q's first (the slopes' last), for callers that add tensors of their own before
+    checking devices."""
     check_scalars(causal, softmax_scale, backend, window, softcap)
     tensors = {"q": q, "k": k, "v": v}
     if out is not None:
@@ -434,6 +473,7 @@ def forward_problem(
     for info in infos.values():
         _check_strides(info)
     scale, cap, window_left, window_right = _resolve_scalars(headdim, softmax_scale, softcap, window)
+    slopes = _alibi_infos(alibi_slopes, batch, nheads)
     problem = ForwardProblem(
         batch=batch,
         seqlen_q=seqlen_q,
@@ -447,5 +487,6 @@ def forward_problem(
         window_left=window_left,
         window_right=window_right,
         softcap=cap,
+        alibi=alibi_slopes is not None,
     )
-    return problem, [qi, *others]
+    return problem, [qi, *others, *slopes]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ._validate import (
+    _alibi_infos,
     _check_devices,
     _check_dtypes,
     _check_headdim,
@@ -54,6 +55,7 @@ class VarlenProblem:
     window_right: int = -1
     softcap: float = 0.0
     seqused_k: bool = False
+    alibi: bool = False  # ALiBi slopes given (checked against batch and nheads)
 
     @property
     def out_shape(self) -> tuple[int, int, int]:
@@ -147,6 +149,7 @@ def varlen_problem(
     q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any,
     max_seqlen_k: Any, out: Any = None, *, seqused_k: Any = None, causal: Any = False,
     softmax_scale: Any = None, backend: Any = None, window: Any = (-1, -1), softcap: Any = 0.0,
+    alibi_slopes: Any = None,
 ) -> tuple[VarlenProblem, list[_Info]]:
     """``validate_varlen`` without its last check (devices): the problem and the tensors'
     infos, q's first, for callers that add tensors before checking devices."""
@@ -170,13 +173,14 @@ def varlen_problem(
         vectors.append(_inspect("seqused_k", seqused_k))
     batch = _check_offsets(vectors[0], vectors[1], vectors[2] if seqused_k is not None else None)
     scale, cap, window_left, window_right = _resolve_scalars(headdim, softmax_scale, softcap, window)
+    vectors += _alibi_infos(alibi_slopes, batch, nheads, _inspect)
     total_k = ki.shape[0]
     problem = VarlenProblem(
         batch=batch, total_q=total_q, total_k=total_k,
         max_seqlen_q=min(max_q, total_q, MAX_SEQLEN), max_seqlen_k=min(max_k, total_k, MAX_SEQLEN),
         nheads=nheads, nheads_kv=ki.shape[1], headdim=headdim, dtype=qi.dtype,
         device_id=qi.device_id, scale=scale, window_left=window_left, window_right=window_right,
-        softcap=cap, seqused_k=seqused_k is not None,
+        softcap=cap, seqused_k=seqused_k is not None, alibi=alibi_slopes is not None,
     )
     return problem, [qi, *others, *vectors]
 
@@ -185,6 +189,7 @@ def validate_varlen(
     q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any,
     max_seqlen_k: Any, out: Any = None, *, seqused_k: Any = None, causal: Any = False,
     softmax_scale: Any = None, backend: Any = None, window: Any = (-1, -1), softcap: Any = 0.0,
+    alibi_slopes: Any = None,
 ) -> VarlenProblem:
     """Check the arguments of a variable-length attention forward call.
 
@@ -196,8 +201,10 @@ def validate_varlen(
         out: optional (total_q, nheads, headdim) tensor of q's dtype.
         seqused_k: optional 1-d contiguous int32 tensor (batch,).
         causal, softmax_scale, backend, window, softcap: as in ``validate_forward``.
+        alibi_slopes: None, or a float32 (nheads,) or (batch, nheads) DLPack tensor with unit
+            stride over heads, batch being the number of sequences (as in ``validate_forward``).
 
-    Every tensor, the offsets included, must live on one CUDA device.
+    Every tensor, the offsets and slopes included, must live on one CUDA device.
 
     Raises:
         TypeError: a non-DLPack argument, wrong dtypes (int32 offsets), a non-int max_seqlen.
@@ -207,7 +214,7 @@ def validate_varlen(
     problem, infos = varlen_problem(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out,
         seqused_k=seqused_k, causal=causal, softmax_scale=softmax_scale, backend=backend,
-        window=window, softcap=softcap,
+        window=window, softcap=softcap, alibi_slopes=alibi_slopes,
     )
     _check_devices(infos[0], infos[1:])
     return problem
@@ -218,6 +225,7 @@ def varlen_backward_problem(
     max_seqlen_q: Any, max_seqlen_k: Any, *, seqused_k: Any = None, dq: Any = None,
     dk: Any = None, dv: Any = None, causal: Any = False, softmax_scale: Any = None,
     deterministic: Any = False, backend: Any = None, window: Any = (-1, -1), softcap: Any = 0.0,
+    alibi_slopes: Any = None,
 ) -> tuple[VarlenProblem, list[_Info]]:
     """``validate_varlen_backward`` without its last check (devices)."""
     check_backward_flags(deterministic, backend)
@@ -226,7 +234,7 @@ def varlen_backward_problem(
     problem, forward_infos = varlen_problem(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out,
         seqused_k=seqused_k, causal=causal, softmax_scale=softmax_scale, backend=backend,
-        window=window, softcap=softcap,
+        window=window, softcap=softcap, alibi_slopes=alibi_slopes,
     )
     infos = gradient_infos(dout, dq, dk, dv)
     for info in infos:
@@ -248,10 +256,12 @@ def validate_varlen_backward(
     max_seqlen_q: Any, max_seqlen_k: Any, *, seqused_k: Any = None, dq: Any = None,
     dk: Any = None, dv: Any = None, causal: Any = False, softmax_scale: Any = None,
     deterministic: Any = False, backend: Any = None, window: Any = (-1, -1), softcap: Any = 0.0,
+    alibi_slopes: Any = None,
 ) -> VarlenProblem:
     """Check the arguments of a variable-length backward call: q, k, v, out, the offsets and
     seqused_k as in ``validate_varlen``; dout and dq packed like q, dk and dv like k, all in
-    q's dtype; lse the forward's float32 (nheads, total_q) with unit last stride; one device.
+    q's dtype; lse the forward's float32 (nheads, total_q) with unit last stride; the forward's
+    alibi_slopes; one device.
 
     Raises:
         TypeError, ValueError: as ``validate_varlen``, for these tensors too; ValueError for
@@ -261,6 +271,7 @@ def validate_varlen_backward(
         dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         seqused_k=seqused_k, dq=dq, dk=dk, dv=dv, causal=causal, softmax_scale=softmax_scale,
         deterministic=deterministic, backend=backend, window=window, softcap=softcap,
+        alibi_slopes=alibi_slopes,
     )
     _check_devices(infos[0], infos[1:])
     return problem

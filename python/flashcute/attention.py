@@ -124,6 +124,7 @@ def attention(
     softmax_scale: Optional[float] = None,
     window: Sequence[int] = (-1, -1),
     softcap: float = 0.0,
+    alibi_slopes: Any = None,
     return_lse: bool = False,
     out: Any = None,
     backend: Optional[str] = None,
@@ -150,8 +151,13 @@ def attention(
             and FlashAttention); 0.0 (default) leaves scores as they are. A finite float >= 0;
             ``softcap / softmax_scale`` must be finite and ``softmax_scale / softcap`` a
             normal number in float32.
+        alibi_slopes: ALiBi (FlashAttention's convention): a float32 tensor of shape
+            (nheads,) or (batch, nheads) on q's device (a torch.Tensor for torch inputs), with
+            unit stride over heads. The score of query ``i`` and key ``j`` in head ``h`` (of batch ``b``)
+            gains ``-slope[b, h] * |i + seqlen_k - seqlen_q - j|`` after the softcap and
+            before the mask. None (default): no bias. The slopes are not differentiated.
         return_lse: also return the float32 (batch, nheads, seqlen_q) natural-log
-            log-sum-exp of the scaled (softcapped, masked) scores.
+            log-sum-exp of the scaled (softcapped, ALiBi-biased, masked) scores.
         out: optional (batch, seqlen_q, nheads, headdim) tensor of q's dtype to write into
             (not for jax arrays, which are immutable); it is returned.
         backend: None (choose by GPU), "ampere" or "hopper".
@@ -199,18 +205,28 @@ def attention(
     window, softcap = _check_front_door_flags(return_lse, deterministic, window, softcap)
     if _torch_tensors(q, k, v) and (out is None or _torch_tensors(out)):
         check_scalars(causal, softmax_scale, backend)
+        check_torch_slopes(alibi_slopes)
         if out is not None:
             _refuse_grad_with_out(q, k, v, out)
         return _torch_route().attention(
             q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
             backend=backend, out=out, deterministic=deterministic, window=window,
-            softcap=softcap,
+            softcap=softcap, alibi_slopes=alibi_slopes,
         )
     _refuse_grad_with_out(q, k, v, out)
     return attention_dlpack(
         q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, out=out,
-        backend=backend, window=window, softcap=softcap,
+        backend=backend, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
     )
+
+
+def check_torch_slopes(alibi_slopes: Any) -> None:
+    """Calls on torch tensors take ALiBi slopes as a torch.Tensor (or None): another
+    framework's array would leave the call without autograd and compile support."""
+    if alibi_slopes is not None and not _torch_tensors(alibi_slopes):
+        raise TypeError(
+            f"alibi_slopes: expected a torch.Tensor like q, or None, got {type_name(alibi_slopes)}"
+        )
 
 
 def attention_dlpack(
@@ -225,14 +241,16 @@ def attention_dlpack(
     backend: Optional[str] = None,
     window: Sequence[int] = (-1, -1),
     softcap: float = 0.0,
+    alibi_slopes: Any = None,
 ) -> Any:
     """``attention`` through DLPack, without autograd: the implementation under every route."""
     ext = load_extension()
     q_x, k_x, v_x = export(q), export(k), export(v)
     out_x = export(out) if out is not None else None
+    slopes_x = export(alibi_slopes) if alibi_slopes is not None else None
     problem = validate_forward(
         q_x, k_x, v_x, out_x, causal=causal, softmax_scale=softmax_scale, backend=backend,
-        window=window, softcap=softcap,
+        window=window, softcap=softcap, alibi_slopes=slopes_x,
     )
     _check_outs(out)
     alloc, like = _allocator(q, out, return_lse)
@@ -242,17 +260,18 @@ def attention_dlpack(
     result, lse = _outputs(problem, alloc, like, out, return_lse)
     if not problem.empty_output:
         result_x = out_x if out is not None else result
-        _launch(ext, problem, alloc, like, (q_x, k_x, v_x, result_x, lse), causal, backend_code)
+        _launch(ext, problem, alloc, like, (q_x, k_x, v_x, result_x, lse, slopes_x), causal,
+                backend_code)
     return (result, lse) if return_lse else result
 
 
 def forward_workspace_bytes(ext: Any, problem: ForwardProblem, causal: bool, backend_code: int) -> int:
     """Bytes of the optional forward workspace of a validated problem (0: none); it depends
-    on the mask (causal and window)."""
+    on the mask (causal and window) and on whether ALiBi is on."""
     return int(ext.forward_workspace_size(
         problem.batch, problem.seqlen_q, problem.seqlen_k, problem.nheads, problem.nheads_kv,
         problem.headdim, problem.dtype, causal, backend_code, problem.device_id,
-        problem.window_left, problem.window_right,
+        problem.window_left, problem.window_right, problem.alibi,
     ))
 
 
@@ -291,8 +310,8 @@ def _launch(
     sizes: tuple[int, ...] = (),
 ) -> None:
     """Run the kernel on the allocating framework's current stream. ``tensors`` are the
-    exported q, k, v, out and lse (None: not asked for), then for a variable-length call the
-    offsets and seqused_k, whose max_seqlen pair is ``sizes``."""
+    exported q, k, v, out, lse and ALiBi slopes (None: not asked for, or absent), then for a
+    variable-length call the offsets and seqused_k, whose max_seqlen pair is ``sizes``."""
     sync = alloc is not None and alloc.synchronize_after
     if sync:
         if not hasattr(ext, "synchronize"):
@@ -306,9 +325,9 @@ def _launch(
                 adapter.prepare(x)
     stream = alloc.stream(like) if alloc is not None else 0
     workspace = _workspace(ext, problem, alloc, like, causal, backend_code, workspace_bytes)
-    q, k, v, out, lse, *seq = (launchable(x) for x in tensors)
+    q, k, v, out, lse, slopes, *seq = (launchable(x) for x in tensors)
     ext.forward(q, k, v, out, lse, problem.scale, causal, backend_code, stream,
                 launchable(workspace) if workspace is not None else None,
-                problem.window_left, problem.window_right, problem.softcap, *seq, *sizes)
+                problem.window_left, problem.window_right, problem.softcap, slopes, *seq, *sizes)
     if sync:
         ext.synchronize(stream, problem.device_id)

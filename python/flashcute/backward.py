@@ -10,7 +10,7 @@ from ._frameworks import Framework, export, framework_of, launchable
 from ._validate import ForwardProblem, check_scalars, check_softcap, kernel_window, type_name
 from ._validate_backward import check_backward_flags, validate_backward
 from ._validate_varlen import VarlenProblem
-from .attention import _check_outs, _torch_route, _torch_tensors
+from .attention import _check_outs, _torch_route, _torch_tensors, check_torch_slopes
 
 
 def attention_backward(
@@ -25,6 +25,7 @@ def attention_backward(
     softmax_scale: Optional[float] = None,
     window: Sequence[int] = (-1, -1),
     softcap: float = 0.0,
+    alibi_slopes: Any = None,
     dq: Any = None,
     dk: Any = None,
     dv: Any = None,
@@ -41,8 +42,9 @@ def attention_backward(
         q, k, v: the forward's inputs (same layout, dtype, GQA and stride rules).
         out, lse: the forward's output and its float32 (batch, nheads, seqlen_q) log-sum-exp
             (``flashcute.attention(..., return_lse=True)``).
-        causal, softmax_scale, window, softcap: as given to the forward (scale default
-            1/sqrt(headdim)); the backward recomputes the same softcapped, masked weights.
+        causal, softmax_scale, window, softcap, alibi_slopes: as given to the forward (scale
+            default 1/sqrt(headdim)); the backward recomputes the same softcapped,
+            ALiBi-biased, masked weights. The slopes get no gradient.
         dq, dk, dv: optional tensors to write the gradients into (q's, k's, v's shape and
             dtype); dk and dv have nheads_kv heads, each the sum over its query-head group.
         deterministic: ask for bitwise reproducible gradients. Both paths normally add dQ
@@ -74,7 +76,8 @@ def attention_backward(
     ):
         check_scalars(causal, softmax_scale, backend)  # before they key the kept checks
         check_backward_flags(deterministic, backend)
-        tensors = [x for x in (dout, q, k, v, out, lse, dq, dk, dv) if x is not None]
+        check_torch_slopes(alibi_slopes)
+        tensors = [x for x in (dout, q, k, v, out, lse, dq, dk, dv, alibi_slopes) if x is not None]
         # Gradients are not differentiated, so autograd does not count as watching.
         if not _torch_route().watched(*tensors):
             from ._torch_direct import attention_backward as direct
@@ -82,11 +85,12 @@ def attention_backward(
             return direct(
                 dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
                 deterministic=deterministic, backend=backend, dq=dq, dk=dk, dv=dv,
-                window=window, softcap=softcap,
+                window=window, softcap=softcap, alibi_slopes=alibi_slopes,
             )
     return attention_backward_dlpack(
         dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, dq=dq, dk=dk, dv=dv,
         deterministic=deterministic, backend=backend, window=window, softcap=softcap,
+        alibi_slopes=alibi_slopes,
     )
 
 
@@ -107,15 +111,18 @@ def attention_backward_dlpack(
     backend: Optional[str] = None,
     window: Sequence[int] = (-1, -1),
     softcap: float = 0.0,
+    alibi_slopes: Any = None,
 ) -> tuple[Any, Any, Any]:
     """``attention_backward`` through DLPack, for every framework: the route of calls on
     torch tensors that something watches, and of all cupy and jax calls."""
     alloc = _gradient_allocator(q)
     ext = load_extension()
     exported = [export(x) for x in (dout, q, k, v, out, lse)]
+    slopes_x = export(alibi_slopes) if alibi_slopes is not None else None
     problem = validate_backward(
         *exported, dq=dq, dk=dk, dv=dv, causal=causal, softmax_scale=softmax_scale,
         deterministic=deterministic, backend=backend, window=window, softcap=softcap,
+        alibi_slopes=slopes_x,
     )
     _check_outs(dq, dk, dv)
     capability = int(ext.device_capability(problem.device_id))
@@ -131,7 +138,7 @@ def attention_backward_dlpack(
     ))
     inputs = (dout, q, k, v, out, lse)
     _launch(ext, alloc, problem, inputs, exported, grads, nbytes, causal, deterministic,
-            backend_code)
+            backend_code, alibi_slopes=alibi_slopes, slopes_x=slopes_x)
     return grads[0], grads[1], grads[2]
 
 
@@ -161,23 +168,28 @@ def _launch(
     ext: Any, alloc: Framework, problem: Union[ForwardProblem, VarlenProblem],
     inputs: Sequence[Any], exported: Sequence[Any], grads: Sequence[Any], nbytes: int,
     causal: bool, deterministic: bool, backend_code: int, seq: Sequence[Any] = (),
-    sizes: tuple[int, ...] = (),
+    sizes: tuple[int, ...] = (), alibi_slopes: Any = None, slopes_x: Any = None,
 ) -> None:
     """Run the backward on q's current stream. ``inputs`` are the caller's dout, q, k, v, out
     and lse (then, for a variable-length call, its offsets and seqused_k; None: not given),
     ``exported`` the first six exported; ``seq`` the exported offsets and seqused_k and
-    ``sizes`` the max_seqlen pair of a variable-length call."""
+    ``sizes`` the max_seqlen pair of a variable-length call; ``alibi_slopes`` the caller's
+    slopes (None: no ALiBi), prepared by their own framework, and ``slopes_x`` them exported."""
     q = inputs[1]
     workspace = alloc.empty(q, (nbytes,), "uint8")
     if alloc.synchronize_after:
         for x in inputs:
             if x is not None:
                 alloc.prepare(x)
+        slopes_adapter = framework_of(alibi_slopes) if alibi_slopes is not None else None
+        if slopes_adapter is not None:
+            slopes_adapter.prepare(alibi_slopes)
     stream = alloc.stream(q)
     ext.backward(
         *[launchable(x) for x in (*exported, *[export(g) for g in grads], workspace)],
         problem.scale, causal, deterministic, backend_code, stream,
         problem.window_left, problem.window_right, problem.softcap,
+        launchable(slopes_x) if slopes_x is not None else None,
         *[launchable(x) for x in seq], *sizes,
     )
     if alloc.synchronize_after:

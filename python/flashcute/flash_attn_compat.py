@@ -2,8 +2,8 @@
 ``flash_attn_func`` and ``flash_attn_varlen_func`` on flashcute.
 
 FlashAttention's layout is flashcute's, (batch, seqlen, heads, headdim), and its causal mask,
-sliding window and softcap are flashcute's (bottom-right aligned), so the call maps over
-directly; only FlashAttention's reading of window bounds (``_window``) is translated.
+sliding window, softcap and ALiBi slopes are flashcute's (bottom-right aligned), so the call
+maps over directly; only FlashAttention's reading of window bounds (``_window``) is translated.
 Arguments for features flashcute lacks are checked in ``_refuse_unsupported``, which keeps
 their default values working.
 """
@@ -56,7 +56,10 @@ def flash_attn_func(
             right``; a negative bound, or one of at least seqlen_k, is no bound; ``causal``
             sets the right bound to 0.
         softcap: when > 0, scores ``s = softmax_scale * q . k`` become
-            ``softcap * tanh(s / softcap)`` before the softmax. alibi_slopes: must be None.
+            ``softcap * tanh(s / softcap)`` before the softmax.
+        alibi_slopes: None, or float32 (nheads,) or (batch, nheads) on q's device: the score
+            of query ``i`` and key ``j`` gains ``-slope * |i + seqlen_k - seqlen_q - j|``
+            (after the softcap), as in FlashAttention.
         deterministic: bitwise reproducible backward (torch autograd).
         return_attn_probs: also return the log-sum-exp, as FlashAttention-2 does; see Returns.
         qv, q_descale, k_descale, v_descale: FlashAttention-3 features; must be None.
@@ -80,8 +83,8 @@ def flash_attn_func(
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool, got {type_name(causal)}")
     _refuse_unsupported(
-        dropout_p=dropout_p, alibi_slopes=alibi_slopes, qv=qv, q_descale=q_descale,
-        k_descale=k_descale, v_descale=v_descale, attention_chunk=attention_chunk,
+        dropout_p=dropout_p, qv=qv, q_descale=q_descale, k_descale=k_descale,
+        v_descale=v_descale, attention_chunk=attention_chunk,
     )
     shape = getattr(k, "shape", None)  # anything else fails flashcute.attention's checks
     seqlen_k = int(shape[1]) if shape is not None and len(shape) == 4 else None
@@ -90,7 +93,8 @@ def flash_attn_func(
         # A right bound of 0 is the causal mask's; with causal=True the call takes exactly the
         # causal path, (-1, 0) included.
         q, k, v, causal=causal or window[1] == 0, softmax_scale=softmax_scale, window=window,
-        softcap=softcap, return_lse=return_attn_probs, deterministic=deterministic,
+        softcap=softcap, alibi_slopes=alibi_slopes, return_lse=return_attn_probs,
+        deterministic=deterministic,
     )
     if return_attn_probs:
         out, lse = result
@@ -129,8 +133,10 @@ def flash_attn_varlen_func(
         k, v: (total_k, nheads_kv, headdim); nheads a multiple of nheads_kv.
         cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,) offsets of the sequences' rows.
         max_seqlen_q, max_seqlen_k: the longest sequences' lengths.
-        dropout_p: must be 0.0. alibi_slopes, block_table, seqused_q: must be None.
-        softmax_scale, causal, softcap, deterministic: as in ``flash_attn_func``, per sequence.
+        dropout_p: must be 0.0. block_table, seqused_q: must be None.
+        softmax_scale, causal, softcap, alibi_slopes, deterministic: as in ``flash_attn_func``,
+            per sequence (alibi_slopes (nheads,) or (batch, nheads) float32, a row per
+            sequence).
         window_size: (left, right) as in ``flash_attn_func``; a negative bound, or one of at
             least max_seqlen_k, is no bound (FlashAttention's reading for packed batches).
         return_attn_probs: also return the log-sum-exp; see Returns.
@@ -152,8 +158,8 @@ def flash_attn_varlen_func(
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool, got {type_name(causal)}")
     _refuse_unsupported(
-        dropout_p=dropout_p, alibi_slopes=alibi_slopes, qv=None, q_descale=None,
-        k_descale=None, v_descale=None, attention_chunk=0,
+        dropout_p=dropout_p, qv=None, q_descale=None, k_descale=None, v_descale=None,
+        attention_chunk=0,
     )
     for name, value in (("block_table", block_table), ("seqused_q", seqused_q)):
         if value is not None:
@@ -163,7 +169,8 @@ def flash_attn_varlen_func(
     result = attention_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=seqused_k,
         causal=causal or window[1] == 0, softmax_scale=softmax_scale, window=window,
-        softcap=softcap, return_lse=return_attn_probs, deterministic=deterministic,
+        softcap=softcap, alibi_slopes=alibi_slopes, return_lse=return_attn_probs,
+        deterministic=deterministic,
     )
     if return_attn_probs:
         out, lse = result
@@ -172,8 +179,8 @@ def flash_attn_varlen_func(
 
 
 def _refuse_unsupported(
-    *, dropout_p: Any, alibi_slopes: Any, qv: Any, q_descale: Any, k_descale: Any,
-    v_descale: Any, attention_chunk: Any,
+    *, dropout_p: Any, qv: Any, q_descale: Any, k_descale: Any, v_descale: Any,
+    attention_chunk: Any,
 ) -> None:
     """NotImplementedError naming the first argument that asks for a missing feature."""
     for name, value in (("dropout_p", dropout_p), ("attention_chunk", attention_chunk)):
@@ -183,8 +190,8 @@ def _refuse_unsupported(
             raise NotImplementedError(
                 f"{name}: flashcute does not support {name} != 0 yet; got {value}"
             )
-    for name, value in (("alibi_slopes", alibi_slopes), ("qv", qv), ("q_descale", q_descale),
-                        ("k_descale", k_descale), ("v_descale", v_descale)):
+    for name, value in (("qv", qv), ("q_descale", q_descale), ("k_descale", k_descale),
+                        ("v_descale", v_descale)):
         if value is not None:
             raise NotImplementedError(f"{name}: flashcute does not support {name} yet; pass None")
 

@@ -25,6 +25,7 @@ from .attention import (
     _refuse_grad_with_out,
     _torch_route,
     _torch_tensors,
+    check_torch_slopes,
 )
 from .backward import _gradient_allocator, _gradients
 from .backward import _launch as _launch_backward
@@ -46,8 +47,8 @@ def forward_workspace_bytes(ext: Any, problem: VarlenProblem, causal: bool, back
     return int(ext.forward_workspace_size(
         problem.batch, problem.max_seqlen_q, problem.max_seqlen_k, problem.nheads,
         problem.nheads_kv, problem.headdim, problem.dtype, causal, backend_code,
-        problem.device_id, problem.window_left, problem.window_right, problem.total_q,
-        problem.total_k, problem.seqused_k,
+        problem.device_id, problem.window_left, problem.window_right, problem.alibi,
+        problem.total_q, problem.total_k, problem.seqused_k,
     ))
 
 
@@ -83,6 +84,7 @@ def attention_varlen(
     softmax_scale: Optional[float] = None,
     window: Sequence[int] = (-1, -1),
     softcap: float = 0.0,
+    alibi_slopes: Any = None,
     return_lse: bool = False,
     out: Any = None,
     backend: Optional[str] = None,
@@ -108,6 +110,11 @@ def attention_varlen(
             masks align to that length. Keys past it are never read into the result: they may
             hold anything, NaN included.
         causal, softmax_scale, window, softcap: as in ``flashcute.attention``, per sequence.
+        alibi_slopes: ALiBi as in ``flashcute.attention``: float32 (nheads,) or
+            (batch, nheads) slopes (a row per sequence) on q's device; the distance of query
+            ``i`` and key ``j`` of sequence ``b`` is ``|i + seqlen_k[b] - seqlen_q[b] - j|``
+            with the sequence's own lengths (``seqlen_k[b]`` is ``seqused_k[b]`` where given).
+            The slopes get no gradient.
         return_lse: also return the float32 (nheads, total_q) natural-log log-sum-exp.
         out: optional (total_q, nheads, headdim) tensor of q's dtype to write into (not for jax
             arrays); it is returned.
@@ -140,6 +147,7 @@ def attention_varlen(
     max_seqlen_k = check_max_seqlen("max_seqlen_k", max_seqlen_k)
     if _torch_call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, out):
         check_scalars(causal, softmax_scale, backend)
+        check_torch_slopes(alibi_slopes)
         if out is not None:
             _refuse_grad_with_out(q, k, v, out)
         from . import _torch_varlen
@@ -148,16 +156,18 @@ def attention_varlen(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=seqused_k,
             causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, backend=backend,
             out=out, deterministic=deterministic, window=window, softcap=softcap,
+            alibi_slopes=alibi_slopes,
         )
     if out is not None:
         _refuse_grad_with_out(q, k, v, out)
     _refuse_grad_beside_other_arrays(
-        q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k
+        q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
+        alibi_slopes=alibi_slopes,
     )
     return attention_varlen_dlpack(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=seqused_k,
         causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, out=out,
-        backend=backend, window=window, softcap=softcap,
+        backend=backend, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
     )
 
 
@@ -184,6 +194,7 @@ def attention_varlen_dlpack(
     max_seqlen_k: int, *, seqused_k: Any = None, causal: bool = False,
     softmax_scale: Optional[float] = None, return_lse: bool = False, out: Any = None,
     backend: Optional[str] = None, window: Sequence[int] = (-1, -1), softcap: float = 0.0,
+    alibi_slopes: Any = None,
 ) -> Any:
     """``attention_varlen`` through DLPack, without autograd."""
     ext = varlen_extension()
@@ -191,10 +202,11 @@ def attention_varlen_dlpack(
     cu_q_x, cu_k_x = export(cu_seqlens_q), export(cu_seqlens_k)
     used_x = export(seqused_k) if seqused_k is not None else None
     out_x = export(out) if out is not None else None
+    slopes_x = export(alibi_slopes) if alibi_slopes is not None else None
     problem = validate_varlen(
         q_x, k_x, v_x, cu_q_x, cu_k_x, max_seqlen_q, max_seqlen_k, out_x, seqused_k=used_x,
         causal=causal, softmax_scale=softmax_scale, backend=backend, window=window,
-        softcap=softcap,
+        softcap=softcap, alibi_slopes=slopes_x,
     )
     _check_outs(out)
     alloc, like = _allocator(q, out, return_lse)
@@ -202,7 +214,8 @@ def attention_varlen_dlpack(
     code = choose_backend(backend, capability, headdim=problem.headdim, dtype=problem.dtype)
     result, lse = _outputs(problem, alloc, like, out, return_lse)
     if not problem.empty_output:
-        tensors = (q_x, k_x, v_x, out_x if out is not None else result, lse, cu_q_x, cu_k_x, used_x)
+        tensors = (q_x, k_x, v_x, out_x if out is not None else result, lse, slopes_x, cu_q_x,
+                   cu_k_x, used_x)
         _launch(ext, problem, alloc, like, tensors, causal, code, forward_workspace_bytes,
                 (problem.max_seqlen_q, problem.max_seqlen_k))
     return (result, lse) if return_lse else result
@@ -225,6 +238,7 @@ def attention_varlen_backward(
     softmax_scale: Optional[float] = None,
     window: Sequence[int] = (-1, -1),
     softcap: float = 0.0,
+    alibi_slopes: Any = None,
     dq: Any = None,
     dk: Any = None,
     dv: Any = None,
@@ -239,7 +253,7 @@ def attention_varlen_backward(
             to the forward.
         out, lse: the forward's output and its float32 (nheads, total_q) log-sum-exp
             (``attention_varlen(..., return_lse=True)``).
-        causal, softmax_scale, window, softcap: as given to the forward.
+        causal, softmax_scale, window, softcap, alibi_slopes: as given to the forward.
         dq, dk, dv: optional packed tensors to write into (q's, k's, v's shape and dtype).
         deterministic, backend: as in ``flashcute.attention_backward``.
 
@@ -261,9 +275,10 @@ def attention_varlen_backward(
     max_seqlen_k = check_max_seqlen("max_seqlen_k", max_seqlen_k)
     if _torch_call(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, dq, dk, dv):
         check_scalars(causal, softmax_scale, backend)
+        check_torch_slopes(alibi_slopes)
         check_backward_flags(deterministic, backend)
         tensors = [x for x in (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                               dq, dk, dv) if x is not None]
+                               dq, dk, dv, alibi_slopes) if x is not None]
         # Gradients are not differentiated, so autograd does not count as watching.
         if not _torch_route().watched(*tensors):
             from ._torch_varlen import backward as direct
@@ -272,12 +287,13 @@ def attention_varlen_backward(
                 dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                 seqused_k=seqused_k, causal=causal, softmax_scale=softmax_scale,
                 deterministic=deterministic, backend=backend, dq=dq, dk=dk, dv=dv,
-                window=window, softcap=softcap,
+                window=window, softcap=softcap, alibi_slopes=alibi_slopes,
             )
     return attention_varlen_backward_dlpack(
         dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         seqused_k=seqused_k, causal=causal, softmax_scale=softmax_scale, dq=dq, dk=dk, dv=dv,
         deterministic=deterministic, backend=backend, window=window, softcap=softcap,
+        alibi_slopes=alibi_slopes,
     )
 
 
@@ -286,7 +302,7 @@ def attention_varlen_backward_dlpack(
     max_seqlen_q: int, max_seqlen_k: int, *, seqused_k: Any = None, causal: bool = False,
     softmax_scale: Optional[float] = None, dq: Any = None, dk: Any = None, dv: Any = None,
     deterministic: bool = False, backend: Optional[str] = None,
-    window: Sequence[int] = (-1, -1), softcap: float = 0.0,
+    window: Sequence[int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Any = None,
 ) -> tuple[Any, Any, Any]:
     """``attention_varlen_backward`` through DLPack, for every framework."""
     alloc = _gradient_allocator(q)
@@ -294,10 +310,11 @@ def attention_varlen_backward_dlpack(
     exported = [export(x) for x in (dout, q, k, v, out, lse)]
     cu_q_x, cu_k_x = export(cu_seqlens_q), export(cu_seqlens_k)
     used_x = export(seqused_k) if seqused_k is not None else None
+    slopes_x = export(alibi_slopes) if alibi_slopes is not None else None
     problem = validate_varlen_backward(
         *exported, cu_q_x, cu_k_x, max_seqlen_q, max_seqlen_k, seqused_k=used_x, dq=dq, dk=dk,
         dv=dv, causal=causal, softmax_scale=softmax_scale, deterministic=deterministic,
-        backend=backend, window=window, softcap=softcap,
+        backend=backend, window=window, softcap=softcap, alibi_slopes=slopes_x,
     )
     _check_outs(dq, dk, dv)
     capability = int(ext.device_capability(problem.device_id))
@@ -311,5 +328,6 @@ def attention_varlen_backward_dlpack(
     _launch_backward(
         ext, alloc, problem, inputs, exported, grads, nbytes, causal, deterministic, code,
         (cu_q_x, cu_k_x, used_x), (problem.max_seqlen_q, problem.max_seqlen_k),
+        alibi_slopes=alibi_slopes, slopes_x=slopes_x,
     )
     return grads[0], grads[1], grads[2]

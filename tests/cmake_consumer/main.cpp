@@ -1,7 +1,9 @@
 // Uses the installed flashcute library without a GPU: prints the build version, checks that
 // an invalid forward and an invalid backward call are rejected with kInvalidArgument and a
-// message, asks for the backward's workspace size, and queries device 0.
+// message (ALiBi's slopes among the reasons), asks for the backward's workspace size, and
+// queries device 0.
 // Exits 0 when the library behaves, 1 otherwise.
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 
@@ -41,6 +43,37 @@ int main() {
     return 1;
   }
   std::printf("invalid call rejected: %s\n", status.message);
+
+  // ALiBi's slopes, on a call that is valid otherwise (host pointers: the checks fail before
+  // any device is touched): a negative batch stride, a batch stride without slopes, and a
+  // misaligned pointer are each rejected by name.
+  alignas(16) static unsigned char buffer[1 << 16];
+  flashcute::AttentionForwardParams alibi = params;
+  alibi.nheads = alibi.nheads_kv = 2;
+  alibi.q = alibi.k = alibi.v = buffer;
+  alibi.out = buffer + (1 << 15);
+  struct Case {
+    const float* slopes;
+    int64_t batch_stride;
+    const char* name;
+  };
+  const Case cases[] = {
+      {nullptr, -1, "alibi_slopes_batch_stride: "},
+      {nullptr, 2, "alibi_slopes: "},
+      {reinterpret_cast<const float*>(buffer + (1 << 15) - 2), 0, "alibi_slopes: "},
+  };
+  for (const Case& c : cases) {
+    alibi.alibi_slopes = c.slopes;
+    alibi.alibi_slopes_batch_stride = c.batch_stride;
+    const flashcute::Status s = flashcute::attention_forward(alibi);
+    if (s.code != flashcute::StatusCode::kInvalidArgument ||
+        std::strncmp(s.message, c.name, std::strlen(c.name)) != 0) {
+      std::printf("FAIL: expected kInvalidArgument naming %s got code %d: '%s'\n", c.name,
+                  static_cast<int>(s.code), s.message);
+      return 1;
+    }
+  }
+  std::printf("invalid alibi slopes rejected\n");
 
   // The backward: 16 queries × 2 heads need 128 padded rows × 2 heads of fp32 row sums; both
   // paths add a 128 × 64 fp32 dQ accumulator per head, the Hopper path also lse_log2 rows.

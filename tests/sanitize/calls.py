@@ -7,11 +7,12 @@ The backward families take out and lse from a forward on the given path (``--for
 default: the same path), so that a report can be told apart from the forward's own writes.
 Shapes: bf16 and fp16, head dims 64 and 128 and, on the next larger kernels (which read and
 write only their columns), 40 and 72; GQA 2:1, causal and not, each without and with a sliding
-window and softcap, odd lengths with seqlen_q != seqlen_k. Then variable-length batches
-(``attention_varlen``): mixed lengths with and without seqused_k, and a fuzzed corpus of
-offsets and used-key counts that break the rules (decreasing, negative, beyond the rows,
-near 2^31, max_seqlen below the real lengths), which the kernels must clamp without touching
-memory outside the tensors (the values are not checked on the host).
+window and softcap, and with both and ALiBi ((batch, nheads) slopes), odd lengths with
+seqlen_q != seqlen_k. Then variable-length batches (``attention_varlen``): mixed lengths with
+and without seqused_k, and a fuzzed corpus of offsets and used-key counts that break the rules
+(decreasing, negative, beyond the rows, near 2^31, max_seqlen below the real lengths), which
+the kernels must clamp without touching memory outside the tensors (the values are not checked
+on the host).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import flashcute
 
 FAMILIES = ("ampere-fwd", "hopper-fwd", "ampere-bwd", "ampere-bwd-deterministic", "hopper-bwd")
 SHAPES = ((1, 129, 129), (2, 333, 129), (1, 65, 333))  # (batch, seqlen_q, seqlen_k)
-MASKS = ({}, {"window": (40, 17), "softcap": 20.0})  # dense, and both features
+# Dense, both mask features, and both with ALiBi (its slopes are made per call).
+MASKS = ({}, {"window": (40, 17), "softcap": 20.0}, {"window": (40, 17), "softcap": 20.0, "alibi": True})
 
 # Variable-length batches: 3 sequences over 300 query and 400 key rows.
 VARLEN_TOTAL_Q, VARLEN_TOTAL_K = 300, 400
@@ -78,6 +80,9 @@ def _calls(family: str, forward_from: str | None) -> int:
                                            generator=gen)
 
                     q, k, v = rand(seqlen_q, 4), rand(seqlen_k, 2), rand(seqlen_k, 2)
+                    mask = dict(mask)
+                    if mask.pop("alibi", False):
+                        mask["alibi_slopes"] = torch.rand(batch, 4, device="cuda", generator=gen)
                     if "fwd" in family:
                         flashcute.attention(q, k, v, causal=causal, return_lse=True, backend=path, **mask)
                     else:
@@ -96,14 +101,15 @@ def _calls(family: str, forward_from: str | None) -> int:
 def _varlen_calls(family: str, forward_from: str | None, path: str, built: dict,
                   head_dims: list[int], gen: torch.Generator) -> int:
     """The variable-length corpus on one dtype and the head dims 64 and 72 (the latter on
-    the next larger kernel), causal and not, with and without window and softcap."""
+    the next larger kernel), causal and not, with and without window and softcap, and with both
+    and ALiBi."""
     dtype = torch.bfloat16 if "bfloat16" in built["dtypes"] else torch.float16
     count = 0
     for headdim in (64, 72):
         if not any(built_dim >= headdim for built_dim in head_dims):
             continue
         for i, (cu_q, cu_k, used, max_q, max_k) in enumerate(varlen_corpus()):
-            causal, mask = bool(i % 2), MASKS[(i // 2) % 2]
+            causal, mask = bool(i % 2), dict(MASKS[(i // 2) % len(MASKS)])
 
             def rand(rows: int, heads: int) -> torch.Tensor:
                 return torch.randn(rows, heads, headdim, device="cuda", dtype=dtype, generator=gen)
@@ -111,6 +117,8 @@ def _varlen_calls(family: str, forward_from: str | None, path: str, built: dict,
             q, k, v = rand(VARLEN_TOTAL_Q, 4), rand(VARLEN_TOTAL_K, 2), rand(VARLEN_TOTAL_K, 2)
             offsets = [torch.tensor(x, dtype=torch.int32, device="cuda") for x in (cu_q, cu_k)]
             seqused_k = None if used is None else torch.tensor(used, dtype=torch.int32, device="cuda")
+            if mask.pop("alibi", False):
+                mask["alibi_slopes"] = torch.rand(len(cu_q) - 1, 4, device="cuda", generator=gen)
             args = (q, k, v, *offsets, max_q, max_k)
             if "fwd" in family:
                 flashcute.attention_varlen(*args, seqused_k=seqused_k, causal=causal,

@@ -74,6 +74,14 @@ struct AttentionForwardParams {
   int64_t window_left = -1, window_right = -1;
   // > 0: each scaled score s becomes softcap · tanh(s / softcap) before the mask and softmax.
   float softcap = 0.f;
+  // ALiBi (optional, device memory on `device`): after softcap and before the mask, the score
+  // of query row i and key j in batch b and query head h gains
+  // -alibi_slopes[b * alibi_slopes_batch_stride + h] · |i + seqlen_k - seqlen_q - j|, with the
+  // lengths of sequence b in a variable-length batch (seqlen_k: its seqused_k where given).
+  // float32, nheads slopes per row, 4-byte aligned; a batch stride of 0 gives every batch the
+  // same row. null: no ALiBi.
+  const float* alibi_slopes = nullptr;
+  int64_t alibi_slopes_batch_stride = 0;
   // Variable-length batches (all optional, device int32). With cu_seqlens_q (batch + 1
   // offsets), q and out are packed (total_q, nheads, headdim): sequence b's queries are rows
   // [cu_seqlens_q[b], cu_seqlens_q[b + 1]), seqlen_q is the longest sequence's length
@@ -92,10 +100,11 @@ struct AttentionForwardParams {
   cudaStream_t stream = nullptr;
 };
 
-// Bytes of the optional forward workspace for these sizes, dtype, mask and backend on
-// params.device (pointers are not read): fp32 partial results where the Hopper path splits the
-// last wave of a call without causal or window mask over all SMs (up to 2 · SMs · tile rows ·
-// (kernel head dim + 8) · 4 bytes), else 0.
+// Bytes of the optional forward workspace for these sizes, dtype, mask, ALiBi and backend on
+// params.device (pointers are not read; a non-null alibi_slopes only says that ALiBi is on):
+// fp32 partial results where the Hopper path splits the last wave of a call without causal or
+// window mask over all SMs (up to 2 · SMs · tile rows · (kernel head dim + 8) · 4 bytes),
+// else 0.
 FLASHCUTE_API Status attention_forward_workspace_size(const AttentionForwardParams& params, size_t* bytes,
                                                       Backend backend = Backend::kAuto);
 
@@ -141,6 +150,8 @@ struct AttentionBackwardParams {
   bool causal = false;
   int64_t window_left = -1, window_right = -1;  // as in AttentionForwardParams
   float softcap = 0.f;                          // as in AttentionForwardParams
+  const float* alibi_slopes = nullptr;          // as in AttentionForwardParams
+  int64_t alibi_slopes_batch_stride = 0;
   // Variable-length batches, as in AttentionForwardParams; dq/dout/out follow q's layout and
   // dk/dv follow k's. Keys past seqused_k[b] get zero dk and dv.
   const int32_t* cu_seqlens_q = nullptr;

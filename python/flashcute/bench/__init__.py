@@ -7,11 +7,13 @@ at 16384 and the hidden size ``nheads * hdim`` at 2048, for head dimensions
 ``--hdims`` takes any multiple of 8 up to 256 (``nheads = 2048 // hdim``);
 ``--shape b,sq,sk,h,hkv,d`` times given shapes instead (GQA, ``seqlen_q !=
 seqlen_k``).  Causal masks are bottom-right aligned for every implementation.
-``--window L,R`` and ``--softcap C`` time flashcute's sliding window and logit
-softcap (FLOPs count only the visible (query, key) pairs; SDPA and
-FlashAttention-3 cannot compute them and are timed on dense problems only,
-which ``--with-dense`` adds beside each one); every JSON row names its
-``feature`` (``dense``, ``window``, ``softcap``, ``window+softcap``).
+``--window L,R``, ``--softcap C`` and ``--alibi`` time flashcute's sliding
+window, logit softcap and ALiBi (slopes ``2^(-8(h+1)/nheads)``; FLOPs count
+only the visible (query, key) pairs; SDPA and FlashAttention-3 cannot compute
+them and are timed on dense problems only, which ``--with-dense`` adds beside
+each one); every JSON row names its ``feature`` (``dense``, ``window``,
+``softcap``, ``alibi``, or those set joined by ``+``: ``window+softcap``,
+``window+alibi``, ...).
 
 Implementations compared:
 
@@ -65,6 +67,7 @@ from .grid import (
     NoGPUError,
     Notes,
     Shape,
+    alibi_slopes,
     attention_flops,
     build_grid,
     build_shapes,
@@ -101,6 +104,7 @@ __all__ = [
     "BenchConfig", "BenchRow", "Notes", "Shape", "BenchError", "CheckError", "NoGPUError",
     "build_parser", "parse_args", "causal_values", "build_grid", "build_shapes", "parse_shape",
     "parse_shapes", "parse_window", "parse_softcap", "feature_name", "with_feature",
+    "alibi_slopes",
     "attention_flops", "causal_pairs", "visible_pairs", "config_flops", "tflops_from_ms",
     "feature_skip_reason", "impl_skip_reason", "impl_unavailable_reason", "select_impls",
     "fa3_import_error", "flashcute_backward_available", "format_table", "results_to_json",

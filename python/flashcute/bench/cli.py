@@ -103,9 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
     add("--softcap", type=_softcap, default=0.0, metavar="C",
         help="flashcute's tanh soft cap C*tanh(s/C) of the scaled scores (default: 0, off); "
         "it adds no FLOPs to the count. SDPA and fa3 are not timed with it (see --with-dense)")
+    add("--alibi", action="store_true",
+        help="ALiBi for flashcute: the score of query i and key j in head h gains "
+        "-slope_h*|i+sk-sq-j|, slope_h = 2^(-8(h+1)/nheads); it adds no FLOPs to the count. "
+        "SDPA and fa3 are not timed with it (see --with-dense)")
     add("--with-dense", action="store_true",
-        help="with --window or --softcap: also time each problem without them, just before "
-        "it, for every implementation (SDPA and fa3 on these dense lines only), and add "
+        help="with --window, --softcap or --alibi: also time each problem without them, just "
+        "before it, for every implementation (SDPA and fa3 on these dense lines only), and add "
         "'X/dense' columns: flashcute-X's TFLOP/s with the feature over its dense TFLOP/s")
     add("--varlen", choices=("equal", "packed", "both"), default=None,
         help="time flashcute's variable-length (packed) batches against its fixed-length "
@@ -113,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(up to 8192) against the same fixed-length batch; 'packed' packs lengths drawn from "
         "128..8192 (--seed) summing to 16384 against the fixed-length batch at their mean "
         "length. FLOPs count each sequence's own (query, key) pairs. flashcute only; not with "
-        "--shape, --window, --softcap, --check or --plot")
+        "--shape, --window, --softcap, --alibi, --check or --plot")
     add("--dtype", choices=grid.DTYPE_CHOICES, default="bf16", help="default: bf16")
     add("--impls", type=_impl_list, default=None,
         help=f"comma-separated subset of {', '.join(grid.IMPLS)} (default: all available)")
@@ -165,7 +169,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     grid); for the grid ``hdims``/``seqlens`` are lists of ints (``None`` with
     ``--shape``); ``causals`` is a list of bools, ``impls`` a list of names
     (``None`` meaning "all available"), ``warmup``/``rep`` floats in
-    milliseconds, ``window`` a ``(left, right)`` tuple and ``softcap`` a float.
+    milliseconds, ``window`` a ``(left, right)`` tuple, ``softcap`` a float and ``alibi`` a
+    bool.
     """
     parser = build_parser()
     args = parser.parse_args(_attach_window_values(sys.argv[1:] if argv is None else argv))
@@ -199,14 +204,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         given = [flag for flag, on in (("--shape", bool(args.shapes)), ("--plot", args.plot),
                                        ("--window", tuple(args.window) != grid.NO_WINDOW),
                                        ("--softcap", args.softcap > 0.0),
+                                       ("--alibi", args.alibi),
                                        ("--with-dense", args.with_dense),
                                        ("--check", args.check)) if on]
         if given:
             parser.error(f"--varlen times packed batches on its own; it cannot be combined "
                          f"with {' or '.join(given)}")
-    if args.with_dense and grid.feature_name(args.window, args.softcap) == "dense":
-        parser.error("--with-dense adds the dense problem beside a --window or --softcap "
-                     "one; give --window or --softcap too")
+    if args.with_dense and grid.feature_name(args.window, args.softcap, args.alibi) == "dense":
+        parser.error("--with-dense adds the dense problem beside a --window, --softcap or "
+                     "--alibi one; give --window, --softcap or --alibi too")
     if not args.shapes:
         try:
             grid.validate_grid(args.hdims, args.seqlens)
@@ -273,10 +279,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not chosen:
         report.print_notes(notes)
         return _fail("no implementation left to benchmark", 1)
-    feature = grid.feature_name(args.window, args.softcap)
+    feature = grid.feature_name(args.window, args.softcap, args.alibi)
     if feature != "dense" and not args.with_dense:
         # No dense line to time them on: no column at all.
-        reasons = {i: impls.feature_skip_reason(i, args.window, args.softcap) for i in chosen}
+        reasons = {i: impls.feature_skip_reason(i, args.window, args.softcap, args.alibi)
+                   for i in chosen}
         for reason in filter(None, reasons.values()):
             notes.add(reason)
         chosen = [i for i in chosen if reasons[i] is None]
@@ -301,15 +308,17 @@ def main(argv: Sequence[str] | None = None) -> int:
           + ("; X/dense: flashcute-X with the feature / without" if args.with_dense else "")
           + ("; '... bwd' columns: the same for the backward" if args.bwd else ""))
     if feature != "dense":
-        print(f"feature: {grid.feature_label(args.window, args.softcap)} (flashcute only); "
-              "FLOPs count only the visible (query, key) pairs, softcap adds none")
+        print(f"feature: {grid.feature_label(args.window, args.softcap, args.alibi)} "
+              "(flashcute only); FLOPs count only the visible (query, key) pairs, softcap and "
+              "ALiBi add none")
     sys.stdout.flush()
 
     if args.shapes:
         configs = grid.build_shapes(args.shapes, args.causals, args.dtype)
     else:
         configs = grid.build_grid(args.hdims, args.seqlens, args.causals, args.dtype)
-    configs = grid.with_feature(configs, args.window, args.softcap, with_dense=args.with_dense)
+    configs = grid.with_feature(configs, args.window, args.softcap, alibi=args.alibi,
+                                with_dense=args.with_dense)
     progress = report.make_progress(len(configs) * len(chosen), enabled=not args.no_progress)
     try:
         with contextlib.closing(progress):
@@ -339,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             title = f"{device_name}, {args.dtype}, forward attention"
             if feature != "dense":
-                title += f", {grid.feature_label(args.window, args.softcap)}"
+                title += f", {grid.feature_label(args.window, args.softcap, args.alibi)}"
             report.plot_results(rows, args.plot, title=title)
         except grid.BenchError as exc:
             return _fail(str(exc), 1)

@@ -54,9 +54,9 @@ DTYPE_CHOICES: tuple[str, ...] = ("bf16", "fp16")
 #: ``window=(left, right)`` with both sides unbounded: no sliding window.
 NO_WINDOW: tuple[int, int] = (-1, -1)
 
-#: (dtype, hdim, causal, seqlen_q, seqlen_k, batch, nheads, nheads_kv, window, softcap):
-#: one table line.
-RowKey = tuple[str, int, bool, int, int, int, int, int, tuple[int, int], float]
+#: (dtype, hdim, causal, seqlen_q, seqlen_k, batch, nheads, nheads_kv, window, softcap,
+#: alibi): one table line.
+RowKey = tuple[str, int, bool, int, int, int, int, int, tuple[int, int], float, bool]
 
 
 def short_impl(impl: str) -> str:
@@ -193,26 +193,40 @@ def parse_softcap(text: str) -> float:
     return value
 
 
-def feature_name(window: Sequence[int] = NO_WINDOW, softcap: float = 0.0) -> str:
+def feature_name(
+    window: Sequence[int] = NO_WINDOW, softcap: float = 0.0, alibi: bool = False
+) -> str:
     """The ``feature`` of a problem, as results record it.
 
-    ``"dense"`` without window and softcap, ``"window"`` when a window other
-    than ``(-1, -1)`` is set, ``"softcap"`` when ``softcap > 0``, and
-    ``"window+softcap"`` with both.  A causal mask alone is ``"dense"``.
+    ``"dense"`` without window, softcap and ALiBi; otherwise the features set,
+    joined by ``+`` in the order ``window`` (a window other than ``(-1, -1)``),
+    ``softcap`` (``softcap > 0``), ``alibi``: ``"window+softcap"``,
+    ``"alibi"``, ...  A causal mask alone is ``"dense"``.
     """
     parts = [name for name, on in (("window", tuple(window) != NO_WINDOW),
-                                   ("softcap", softcap > 0.0)) if on]
+                                   ("softcap", softcap > 0.0), ("alibi", alibi)) if on]
     return "+".join(parts) or "dense"
 
 
-def feature_label(window: Sequence[int] = NO_WINDOW, softcap: float = 0.0) -> str:
-    """The feature with its values, for tables and notes: ``window=4096,0+softcap=30``."""
+def feature_label(
+    window: Sequence[int] = NO_WINDOW, softcap: float = 0.0, alibi: bool = False
+) -> str:
+    """The feature with its values, for tables and notes: ``window=4096,0+softcap=30``,
+    ``alibi`` (its slopes are always :func:`alibi_slopes`)."""
     parts = []
     if tuple(window) != NO_WINDOW:
         parts.append(f"window={window[0]},{window[1]}")
     if softcap > 0.0:
         parts.append(f"softcap={softcap:g}")
+    if alibi:
+        parts.append("alibi")
     return "+".join(parts) or "dense"
+
+
+def alibi_slopes(nheads: int) -> list[float]:
+    """The ALiBi slopes ``--alibi`` times: ``2^(-8 (h + 1) / nheads)`` for head ``h``, the
+    geometric sequence of the ALiBi paper (exact for a power-of-two head count)."""
+    return [2.0 ** (-8.0 * (h + 1) / nheads) for h in range(nheads)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,7 +235,8 @@ class BenchConfig:
 
     ``seqlen`` is the query length; ``seqlen_k`` and ``nheads_kv`` default (0)
     to ``seqlen`` and ``nheads``, as on the grid.  ``window`` and ``softcap``
-    are passed to flashcute as given (``(-1, -1)`` and 0: off).
+    are passed to flashcute as given (``(-1, -1)`` and 0: off); ``alibi`` gives
+    it the slopes of :func:`alibi_slopes`.
     """
 
     dtype: str
@@ -234,6 +249,7 @@ class BenchConfig:
     nheads_kv: int = 0
     window: tuple[int, int] = NO_WINDOW
     softcap: float = 0.0
+    alibi: bool = False
 
     def __post_init__(self) -> None:
         # Frozen: fill the defaults through object.__setattr__.
@@ -256,18 +272,18 @@ class BenchConfig:
     @property
     def feature(self) -> str:
         """:func:`feature_name` of this problem (``dense``, ``window``, ...)."""
-        return feature_name(self.window, self.softcap)
+        return feature_name(self.window, self.softcap, self.alibi)
 
     def dense(self) -> BenchConfig:
-        """The same problem without window and softcap (the causal flag stays)."""
-        return dataclasses.replace(self, window=NO_WINDOW, softcap=0.0)
+        """The same problem without window, softcap and ALiBi (the causal flag stays)."""
+        return dataclasses.replace(self, window=NO_WINDOW, softcap=0.0, alibi=False)
 
     @property
     def label(self) -> str:
         """Short human-readable description, used in notes and errors."""
         mask = "causal" if self.causal else "non-causal"
         if self.feature != "dense":
-            mask += f" {feature_label(self.window, self.softcap)}"
+            mask += f" {feature_label(self.window, self.softcap, self.alibi)}"
         if self.seqlen_k == self.seqlen and self.nheads_kv == self.nheads:
             return (
                 f"{self.dtype} hdim={self.hdim} {mask} seqlen={self.seqlen} "
@@ -283,7 +299,7 @@ class BenchConfig:
     def key(self) -> RowKey:
         """The tuple identifying a table row."""
         return (self.dtype, self.hdim, self.causal, self.seqlen, self.seqlen_k, self.batch,
-                self.nheads, self.nheads_kv, tuple(self.window), self.softcap)
+                self.nheads, self.nheads_kv, tuple(self.window), self.softcap, self.alibi)
 
 
 @dataclasses.dataclass
@@ -293,7 +309,7 @@ class BenchRow:
     ``bwd_tflops`` is ``None`` when the backward pass was not timed (no
     ``--bwd``, or the implementation has no backward); it is then left out
     of the JSON output.  ``seqlen_k`` and ``nheads_kv`` default (0) to
-    ``seqlen`` and ``nheads``; ``window`` and ``softcap`` to off.
+    ``seqlen`` and ``nheads``; ``window``, ``softcap`` and ``alibi`` to off.
     """
 
     impl: str
@@ -309,6 +325,7 @@ class BenchRow:
     nheads_kv: int = 0
     window: tuple[int, int] = NO_WINDOW
     softcap: float = 0.0
+    alibi: bool = False
 
     def __post_init__(self) -> None:
         self.seqlen_k = self.seqlen_k or self.seqlen
@@ -325,16 +342,17 @@ class BenchRow:
     def key(self) -> RowKey:
         """The tuple identifying a table row (same as :attr:`BenchConfig.key`)."""
         return (self.dtype, self.hdim, self.causal, self.seqlen, self.seqlen_k, self.batch,
-                self.nheads, self.nheads_kv, tuple(self.window), self.softcap)
+                self.nheads, self.nheads_kv, tuple(self.window), self.softcap, self.alibi)
 
     @property
     def feature(self) -> str:
         """:func:`feature_name` of the measured problem."""
-        return feature_name(self.window, self.softcap)
+        return feature_name(self.window, self.softcap, self.alibi)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict with the full shape and the ``feature``; ``bwd_tflops`` only when
-        it was measured, ``window`` ([left, right]) and ``softcap`` only when set.
+        it was measured, ``window`` ([left, right]), ``softcap`` and ``alibi`` (true) only
+        when set.
 
         ``seqlen`` (the query length) stays beside ``seqlen_q`` for older readers.
         """
@@ -348,14 +366,16 @@ class BenchRow:
             out["window"] = list(self.window)
         if self.softcap > 0.0:
             out["softcap"] = self.softcap
+        if self.alibi:
+            out["alibi"] = True
         if self.bwd_tflops is not None:
             out["bwd_tflops"] = self.bwd_tflops
         return out
 
 
 def dense_key(key: RowKey) -> RowKey:
-    """The key of the same problem without window and softcap."""
-    return (*key[:8], NO_WINDOW, 0.0)  # type: ignore[return-value]
+    """The key of the same problem without window, softcap and ALiBi."""
+    return (*key[:8], NO_WINDOW, 0.0, False)  # type: ignore[return-value]
 
 
 class Notes:
@@ -440,18 +460,20 @@ def build_shapes(
 
 def with_feature(
     configs: Sequence[BenchConfig], window: Sequence[int] = NO_WINDOW, softcap: float = 0.0,
-    *, with_dense: bool = False,
+    *, alibi: bool = False, with_dense: bool = False,
 ) -> list[BenchConfig]:
-    """``configs`` with ``window`` and ``softcap`` set; with ``with_dense``, each one's
-    dense problem comes right before it (so that both are timed close together).
+    """``configs`` with ``window``, ``softcap`` and ``alibi`` set; with ``with_dense``, each
+    one's dense problem comes right before it (so that both are timed close together).
 
-    ``with_dense`` without a window or softcap changes nothing.
+    ``with_dense`` without a window, softcap or ALiBi changes nothing.
     """
     window = check_window(tuple(window))
     softcap = check_softcap(softcap)
+    if not isinstance(alibi, bool):
+        raise ValueError(f"alibi: expected a bool, got {alibi!r}")
     out: list[BenchConfig] = []
     for cfg in configs:
-        featured = dataclasses.replace(cfg, window=window, softcap=softcap)
+        featured = dataclasses.replace(cfg, window=window, softcap=softcap, alibi=alibi)
         if with_dense and featured.feature != "dense":
             out.append(cfg.dense())
         out.append(featured)
@@ -521,8 +543,8 @@ def attention_flops(
     counts half the pairs (the FlashAttention convention that published
     numbers use); every other mask (causal with ``s_q != s_k``, a sliding
     window, with or without causal) counts exactly the pairs it keeps
-    (:func:`visible_pairs`).  Softcap adds nothing to the count.  Backward:
-    2.5x the forward count.
+    (:func:`visible_pairs`).  Softcap and ALiBi add nothing to the count.
+    Backward: 2.5x the forward count.
     """
     unbounded = tuple(window) == NO_WINDOW
     if not causal and unbounded:

@@ -21,6 +21,7 @@ from .grid import (
     NO_WINDOW,
     SDPA_IMPLS,
     Notes,
+    alibi_slopes,
     feature_label,
     feature_name,
     short_impl,
@@ -144,22 +145,23 @@ def impl_unavailable_reason(
 
 
 def feature_skip_reason(
-    impl: str, window: Sequence[int] = NO_WINDOW, softcap: float = 0.0
+    impl: str, window: Sequence[int] = NO_WINDOW, softcap: float = 0.0, alibi: bool = False
 ) -> str | None:
-    """Why ``impl`` is not timed with this window and softcap, or ``None`` if it is.
+    """Why ``impl`` is not timed with this window, softcap and ALiBi, or ``None`` if it is.
 
-    Only flashcute computes them: SDPA has no sliding-window or softcap kernel
-    (a dense boolean mask would time another algorithm, and softcap has no
-    form at all), and the FlashAttention-3 build timed beside flashcute has
-    neither.  These implementations are timed on dense problems only.
+    Only flashcute computes them: SDPA has no sliding-window, softcap or ALiBi
+    kernel (a dense boolean or additive mask would time another algorithm, and
+    softcap has no form at all), and the FlashAttention-3 build timed beside
+    flashcute has none of them.  These implementations are timed on dense
+    problems only.
     """
-    if impl in FLASHCUTE_IMPLS or feature_name(window, softcap) == "dense":
+    if impl in FLASHCUTE_IMPLS or feature_name(window, softcap, alibi) == "dense":
         return None
-    what = feature_label(window, softcap)
+    what = feature_label(window, softcap, alibi)
     if impl in FA3_IMPLS:
-        why = "the FlashAttention-3 build timed here has no window or softcap"
+        why = "the FlashAttention-3 build timed here has no window, softcap or ALiBi"
     else:
-        why = "SDPA has no sliding-window or softcap kernel"
+        why = "SDPA has no sliding-window, softcap or ALiBi kernel"
     return (f"{impl} not timed with {what}: {why}; it is timed on dense problems only "
             f"(--with-dense adds them)")
 
@@ -337,9 +339,16 @@ def sdpa_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Callable[[], 
     return lambda: F.scaled_dot_product_attention(qt, kt, vt, **kwargs)
 
 
+def alibi_tensor(q: Tensor) -> Tensor:
+    """The :func:`~.grid.alibi_slopes` of q's head count, float32 (nheads,) on q's device."""
+    import torch  # noqa: PLC0415
+
+    return torch.tensor(alibi_slopes(q.shape[2]), dtype=torch.float32, device=q.device)
+
+
 def make_forward_fn(
     impl: str, q: Tensor, k: Tensor, v: Tensor, causal: bool,
-    *, window: Sequence[int] = NO_WINDOW, softcap: float = 0.0,
+    *, window: Sequence[int] = NO_WINDOW, softcap: float = 0.0, alibi: bool = False,
 ) -> Callable[[], Tensor]:
     """A zero-argument callable running one forward pass of ``impl``.
 
@@ -348,11 +357,12 @@ def make_forward_fn(
     implementation.  SDPA gets ``(batch, nheads, seqlen, hdim)`` transposed
     views and must be called inside :func:`impl_context`.  The returned output
     is in the callee's native layout; FlashAttention-3's is its output tensor
-    whether its version returns ``out`` or ``(out, lse)``.  ``window`` and
-    ``softcap`` go to flashcute only; other implementations refuse them
-    (ValueError, see :func:`feature_skip_reason`).
+    whether its version returns ``out`` or ``(out, lse)``.  ``window``,
+    ``softcap`` and ``alibi`` (the slopes of :func:`alibi_tensor`, made once
+    here) go to flashcute only; other implementations refuse them (ValueError,
+    see :func:`feature_skip_reason`).
     """
-    reason = feature_skip_reason(impl, window, softcap)
+    reason = feature_skip_reason(impl, window, softcap, alibi)
     if reason is not None:
         raise ValueError(reason)
     if impl in FLASHCUTE_IMPLS:
@@ -364,6 +374,8 @@ def make_forward_fn(
             features["window"] = tuple(window)
         if softcap > 0.0:
             features["softcap"] = softcap
+        if alibi:
+            features["alibi_slopes"] = alibi_tensor(q)
         return lambda: fc.attention(q, k, v, causal=causal, backend=backend, **features)
     if impl in SDPA_IMPLS:
         return sdpa_forward(q, k, v, causal)
@@ -380,18 +392,18 @@ def make_forward_fn(
 
 def make_backward_fn(
     impl: str, q: Tensor, k: Tensor, v: Tensor, causal: bool,
-    *, window: Sequence[int] = NO_WINDOW, softcap: float = 0.0,
+    *, window: Sequence[int] = NO_WINDOW, softcap: float = 0.0, alibi: bool = False,
 ) -> Callable[[], Any]:
     """A zero-argument callable running only the backward pass of ``impl``.
 
     The forward runs once here (call inside :func:`impl_context`), with
-    ``window`` and ``softcap`` as in :func:`make_forward_fn`; the callable
+    ``window``, ``softcap`` and ``alibi`` as in :func:`make_forward_fn`; the callable
     computes ``torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)``
     so that it can be repeated.
     """
     import torch  # noqa: PLC0415
 
     qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
-    out = make_forward_fn(impl, qg, kg, vg, causal, window=window, softcap=softcap)()
+    out = make_forward_fn(impl, qg, kg, vg, causal, window=window, softcap=softcap, alibi=alibi)()
     dout = torch.randn_like(out)
     return lambda: torch.autograd.grad(out, (qg, kg, vg), dout, retain_graph=True)

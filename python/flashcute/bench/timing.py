@@ -28,6 +28,7 @@ from .grid import (
     tflops_from_ms,
 )
 from .impls import (
+    alibi_tensor,
     backward_supported,
     feature_skip_reason,
     impl_context,
@@ -172,7 +173,7 @@ def time_impl(
         with impl_context(impl):
             try:
                 fn = make_forward_fn(impl, q, k, v, cfg.causal, window=cfg.window,
-                                     softcap=cfg.softcap)
+                                     softcap=cfg.softcap, alibi=cfg.alibi)
                 fwd_ms = time_fn(fn, warmup_ms=warmup_ms, rep_ms=rep_ms)
             except Exception as exc:  # noqa: BLE001 - unsupported config
                 notes.add(f"{impl} failed on {cfg.label}: {short_error(exc)}")
@@ -181,7 +182,7 @@ def time_impl(
             if bwd and backward_supported(impl):
                 try:
                     fn = make_backward_fn(impl, q, k, v, cfg.causal, window=cfg.window,
-                                          softcap=cfg.softcap)
+                                          softcap=cfg.softcap, alibi=cfg.alibi)
                     bwd_ms = time_fn(fn, warmup_ms=warmup_ms, rep_ms=rep_ms)
                     bwd_tflops = tflops_from_ms(config_flops(cfg, backward=True), bwd_ms)
                 except Exception as exc:  # noqa: BLE001
@@ -200,14 +201,15 @@ def median_row(rows: Sequence[BenchRow]) -> BenchRow:
 
 def feature_reference(
     q: Tensor, k: Tensor, v: Tensor, causal: bool, *, window: Sequence[int] = NO_WINDOW,
-    softcap: float = 0.0, chunk_bytes: int = REFERENCE_CHUNK_BYTES,
+    softcap: float = 0.0, alibi: bool = False, chunk_bytes: int = REFERENCE_CHUNK_BYTES,
 ) -> Tensor:
     """``flashcute.reference.attention`` in float32, a few (batch, head) slices at a time.
 
     The reference materialises the scores; slicing batches and query heads
     (each slice with its kv head) keeps every call near ``chunk_bytes`` of
     scores, and leaves the bottom-right alignment intact (slicing query rows
-    would not).  Output: float32, ``(batch, seqlen_q, nheads, hdim)``.
+    would not).  With ``alibi``, each head slice takes its slopes of
+    :func:`~.impls.alibi_tensor`.  Output: float32, ``(batch, seqlen_q, nheads, hdim)``.
     """
     import torch  # noqa: PLC0415
 
@@ -220,6 +222,7 @@ def feature_reference(
     heads = max(1, min(group, chunk_bytes // per_head))
     batches = max(1, chunk_bytes // (per_head * heads)) if heads == group else 1
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    slopes = alibi_tensor(q) if alibi else None
     with torch.no_grad():
         for b0 in range(0, batch, batches):
             bs = slice(b0, min(b0 + batches, batch))
@@ -230,13 +233,14 @@ def feature_reference(
                         q[bs, :, hs], k[bs, :, kv_head:kv_head + 1],
                         v[bs, :, kv_head:kv_head + 1], causal=causal, window=tuple(window),
                         softcap=softcap, dtype=torch.float32,
+                        alibi_slopes=slopes[hs] if slopes is not None else None,
                     )
     return out
 
 
 def reference_output(
     q: Tensor, k: Tensor, v: Tensor, causal: bool, *, window: Sequence[int] = NO_WINDOW,
-    softcap: float = 0.0,
+    softcap: float = 0.0, alibi: bool = False,
 ) -> Tensor:
     """The output of flashcute's problem for ``--check``, in ``(batch, seqlen_q, nheads,
     hdim)`` layout.
@@ -245,13 +249,13 @@ def reference_output(
     efficient, math).  Causal is bottom-right aligned
     (:func:`~.impls.sdpa_forward`); query rows with no key to see (causal,
     ``seqlen_q > seqlen_k``) are zero, as in flashcute, where SDPA may leave
-    NaN.  With a window or softcap, which SDPA cannot compute, it is
+    NaN.  With a window, softcap or ALiBi, which SDPA cannot compute, it is
     :func:`feature_reference`.
     """
     import torch  # noqa: PLC0415
 
-    if feature_name(window, softcap) != "dense":
-        return feature_reference(q, k, v, causal, window=window, softcap=softcap)
+    if feature_name(window, softcap, alibi) != "dense":
+        return feature_reference(q, k, v, causal, window=window, softcap=softcap, alibi=alibi)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out = sdpa_forward(q, k, v, causal)().transpose(1, 2)
@@ -277,7 +281,7 @@ def check_impl(
 
     with torch.no_grad():
         out = make_forward_fn(impl, q, k, v, cfg.causal, window=cfg.window,
-                              softcap=cfg.softcap)()
+                              softcap=cfg.softcap, alibi=cfg.alibi)()
     torch.cuda.synchronize()
     shape_note, err = "", math.inf  # max |out - ref| in fp32; inf on mismatch or NaN/inf
     if tuple(out.shape) != tuple(ref.shape):
@@ -299,7 +303,7 @@ def _progress_label(cfg: BenchConfig) -> str:
     """The configuration, briefly, for the progress bar."""
     mask = "causal" if cfg.causal else "full"
     if cfg.feature != "dense":
-        mask += f" {feature_label(cfg.window, cfg.softcap)}"
+        mask += f" {feature_label(cfg.window, cfg.softcap, cfg.alibi)}"
     if cfg.seqlen_k == cfg.seqlen and cfg.nheads_kv == cfg.nheads:
         return f"hdim={cfg.hdim} {mask} s={cfg.seqlen}"
     return (f"{cfg.batch},{cfg.seqlen},{cfg.seqlen_k},{cfg.nheads},{cfg.nheads_kv},{cfg.hdim} "
@@ -318,8 +322,8 @@ def run_benchmark(
     first compared against SDPA on each configuration: a flashcute mismatch
     raises :class:`CheckError`; a FlashAttention-3 mismatch drops it from that
     configuration with a note (a baseline that computes something else is not
-    timed, and does not stop flashcute's run).  Configurations with a window or
-    softcap run flashcute only (:func:`~.impls.feature_skip_reason`); their
+    timed, and does not stop flashcute's run).  Configurations with a window,
+    softcap or ALiBi run flashcute only (:func:`~.impls.feature_skip_reason`); their
     ``--check`` reference is :func:`feature_reference`.
     """
     import torch  # noqa: PLC0415
@@ -331,13 +335,13 @@ def run_benchmark(
         runnable: list[str] = []
         for impl in impls:
             progress.set_postfix_str(f"{impl} {_progress_label(cfg)}")
-            reason = feature_skip_reason(impl, cfg.window, cfg.softcap) or impl_skip_reason(
+            reason = feature_skip_reason(impl, cfg.window, cfg.softcap, cfg.alibi) or impl_skip_reason(
                 impl, cfg.hdim, cfg.dtype, build_info, capability)
             if reason is None and check and impl in FLASHCUTE_IMPLS + FA3_IMPLS:
                 try:
                     if ref is None:
                         ref = reference_output(q, k, v, cfg.causal, window=cfg.window,
-                                               softcap=cfg.softcap)
+                                               softcap=cfg.softcap, alibi=cfg.alibi)
                 except Exception as exc:  # noqa: BLE001 - nothing to check against
                     what = "SDPA reference" if cfg.feature == "dense" else "reference"
                     reason = (f"{impl} skipped on {cfg.label}: --check's {what} failed "
