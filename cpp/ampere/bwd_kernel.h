@@ -380,8 +380,14 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   Tensor dv = convert_fragment<Element>(acc_dv);
   cp_async_wait<0>();
   __syncthreads();  // K and V are no longer read
+  // General variant, sm80 code: the epilogue's thread offsets computed afresh from an opaque
+  // thread index. Derived from tid, ptxas kept them live through the query-block loop and
+  // spilled (hd 128-256); the sm90 code is spill-free as it is (and spills at hd 128 with this).
+  int tid_epi = tid;
+  if constexpr (kGeneral && FLASHCUTE_AMPERE_TILE_ARCH == 80)
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid_epi));
   auto copy_dkv = make_tiled_copy_C(typename Traits::SmemCopyAtomStore{}, mma_dkv);
-  auto thr_copy_dkv = copy_dkv.get_thread_slice(tid);
+  auto thr_copy_dkv = copy_dkv.get_thread_slice(tid_epi);
   copy(copy_dkv, thr_copy_dkv.retile_S(dk), thr_copy_dkv.partition_D(sK));
   copy(copy_dkv, thr_copy_dkv.retile_S(dv), thr_copy_dkv.partition_D(sV));
   __syncthreads();
@@ -393,7 +399,7 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   Tensor gdK = make_tensor(make_gmem_ptr(dk_base), TileKV{}, make_stride(params.dk_row_stride, _1{}));
   Tensor gdV = make_tensor(make_gmem_ptr(dv_base), TileKV{}, make_stride(params.dv_row_stride, _1{}));
   typename Traits::GmemTiledCopyStore gmem_store;
-  auto gmem_thr_store = gmem_store.get_thread_slice(tid);
+  auto gmem_thr_store = gmem_store.get_thread_slice(tid_epi);
   Tensor tsK = gmem_thr_store.partition_S(sK);
   Tensor tsV = gmem_thr_store.partition_S(sV);
   Tensor tgK = gmem_thr_store.partition_D(gdK);

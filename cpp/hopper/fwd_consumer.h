@@ -166,7 +166,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
         // All 128 threads of this consumer; other consumers may write the same zeros.
         pipeline_v.consumer_wait(v_state);
         Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});
-        zero_tile_rows(sV(_, _, v_state.index()), view.seqlen_k - n * kBlockN, tid, 128);
+        zero_tile_rows(sV(_, _, v_state.index()), view.seqlen_k - n * kBlockN, opaque_consumer_thread(), 128);
         cutlass::arch::fence_view_async_shared();
         epilogue_barrier_sync(consumer);
       }
@@ -255,7 +255,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
     }
     float lse[kThreadRows];
     softmax.finalize(acc_o_rc, lse);
-    epilogue.store(acc_o, lse, tile, consumer_row0, thr_pv);
+    epilogue.store(acc_o, lse, tile, consumer_row0);
     ++iteration;
   }
   // Split tiles this CTA counted last: merged from every piece's state, stored as above.
@@ -273,7 +273,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
     merge_split_pieces(params, consumer, tile, acc_o_rc, softmax, warp_has_rows(consumer_row0));
     float lse[kThreadRows];
     softmax.finalize(acc_o_rc, lse);
-    epilogue.store(acc_o, lse, tile, consumer_row0, thr_pv);
+    epilogue.store(acc_o, lse, tile, consumer_row0);
   }
   epilogue.drain();
   // Consumer 0 takes the turn the last consumer passed after its final GEMMs, so every

@@ -18,6 +18,15 @@
 
 namespace flashcute::hopper {
 
+// The thread's index in its consumer warpgroup, read afresh where called. Offsets derived
+// from it are then computed there, not hoisted out of the tile loop and kept live through
+// the key-block loops (where they made ptxas spill at hd 192 and 256).
+CUTE_DEVICE int opaque_consumer_thread() {
+  int thread;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(thread));
+  return thread % 128;
+}
+
 template <class Traits>
 struct FwdEpilogue {
   using Element = typename Traits::Element;
@@ -49,16 +58,16 @@ struct FwdEpilogue {
 
   // row0: the first of this consumer's 64 query rows (tile_row0 + 64 * consumer; a multiple
   // of 64 below 0 in a shifted first tile).
-  template <class AccO, class ThrMma, int kThreadRows>
-  CUTE_DEVICE void store(AccO const& acc_o, const float (&lse)[kThreadRows], FwdTile const& tile, int row0,
-                         ThrMma const& thr_pv) {
+  template <class AccO, int kThreadRows>
+  CUTE_DEVICE void store(AccO const& acc_o, const float (&lse)[kThreadRows], FwdTile const& tile, int row0) {
     using namespace cute;
     const FwdKernelParams& args = params.args;
     Tensor o = convert_fragment<Element>(acc_o);
+    const int thread = opaque_consumer_thread();  // (tid, for the offsets below)
 
     Tensor sO = make_tensor(make_smem_ptr(o_buffer()), typename Traits::SmemLayoutQ{})(_, _, consumer);
     auto smem_copy = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, typename Traits::TiledMmaPV{});
-    auto smem_thr_copy = smem_copy.get_thread_slice(tid);
+    auto smem_thr_copy = smem_copy.get_thread_slice(thread);
     if (tid == 0) tma_store_wait<0>();  // the previous tile's store has read the buffer
     // O in V's buffer: every consumer's last P·V must have read V first.
     if constexpr (Traits::kOAliasesV) last_pv_done_sync(Traits::kConsumers);
@@ -73,7 +82,7 @@ struct FwdEpilogue {
     if (row_stores) {  // no packed query heads here (a variable-length batch never packs them)
       Element* out = static_cast<Element*>(args.out) + tile.batch * args.out_batch_stride +
                      tile.head * args.out_head_stride + int64_t(view.q_start + row0) * args.out_row_stride;
-      store_tile_rows(sO, out, args.out_row_stride, view.seqlen_q - row0, args.headdim, tid, 128);
+      store_tile_rows(sO, out, args.out_row_stride, view.seqlen_q - row0, args.headdim, thread, 128);
       epilogue_barrier_sync(consumer);  // the buffer is read: free for the next tile (as after a TMA store)
     }
     if (tid == 0) {
@@ -101,7 +110,8 @@ struct FwdEpilogue {
 
     if (args.lse != nullptr && tid % 4 == 0) {
       float* lse_base = args.lse + tile.batch * args.lse_batch_stride + view.q_start;
-      Tensor tOcO = thr_pv.partition_C(make_identity_tensor(typename Traits::TileQ{}));
+      Tensor tOcO = typename Traits::TiledMmaPV{}.get_thread_slice(thread).partition_C(
+          make_identity_tensor(typename Traits::TileQ{}));
       Tensor tOcO_rc = make_tensor(tOcO.data(), rowcol_layout(tOcO.layout()));
       CUTE_UNROLL
       for (int r = 0; r < kThreadRows; ++r) {
