@@ -127,9 +127,9 @@ struct OnlineSoftmax {
   }
 
   // Divides the accumulator by the row sums; returns natural-log LSE per row in lse[].
-  // Rows that saw no key get 0 output and lse = -inf.
+  // Rows that saw no key get 0 output and lse = -inf. o_scale: a factor on every output row
+  // besides 1 / sum (dropout's 1 / (1 - p)).
   template <class Acc>
-  // o_scale: a factor on every output row besides 1 / sum (dropout's 1 / (1 - p)).
   CUTE_DEVICE void finalize(Acc& acc_rc, float (&lse)[kRows], float o_scale = 1.f) {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
