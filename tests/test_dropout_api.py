@@ -546,3 +546,62 @@ def test_flash_attn_funcs_pass_dropout(ext):
     ext.calls.clear()
     flashcute.flash_attn_varlen_func(*_packed(), dropout_p=0.2)
     assert ext.of("forward")[0]["dropout_p"] == 0.2
+
+
+# ---------------------------------------------------------------------------------------------
+# The float64 reference with a dropout mask.
+
+
+def test_reference_applies_the_mask_after_the_softmax():
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, s, 4, 16, generator=gen, dtype=torch.float64) for s in (9, 13, 13))
+    k, v = k[:, :, :2], v[:, :, :2]  # GQA: 4 query heads on 2
+    p = 0.3
+    mask = dropout_keep_mask(2, 4, 9, 13, p, 5, 6)
+    out, lse = flashcute.reference.attention(q, k, v, causal=True, dropout_p=p, dropout_mask=mask,
+                                             return_lse=True)
+    plain, plain_lse = flashcute.reference.attention(q, k, v, causal=True, return_lse=True)
+    assert torch.equal(lse, plain_lse)  # lse is the softmax's, before dropout
+    kr, vr = (x.repeat_interleave(2, dim=2).transpose(1, 2) for x in (k, v))
+    scores = q.transpose(1, 2) @ kr.transpose(-1, -2) / 4.0
+    causal = torch.ones(9, 13, dtype=torch.bool).tril(13 - 9)
+    weights = scores.masked_fill(~causal, -math.inf).softmax(-1) * mask / (1 - p)
+    torch.testing.assert_close(out, (weights @ vr).transpose(1, 2), rtol=1e-12, atol=1e-12)
+    # A larger mask is cut to the lengths; all-kept scales by 1 / (1 - p).
+    big = dropout_keep_mask(2, 4, 20, 30, p, 5, 6)
+    assert torch.equal(flashcute.reference.attention(q, k, v, causal=True, dropout_p=p,
+                                                     dropout_mask=big), out)
+    ones = torch.ones(2, 4, 9, 13, dtype=torch.bool)
+    torch.testing.assert_close(flashcute.reference.attention(q, k, v, dropout_p=0.5, dropout_mask=ones),
+                               2 * flashcute.reference.attention(q, k, v))
+
+
+def test_reference_varlen_takes_each_sequences_corner():
+    gen = torch.Generator().manual_seed(4)
+    lengths_q, lengths_k = [3, 0, 5], [4, 2, 6]
+    q = torch.randn(8, 2, 16, generator=gen, dtype=torch.float64)
+    k = torch.randn(12, 2, 16, generator=gen, dtype=torch.float64)
+    v = torch.randn(12, 2, 16, generator=gen, dtype=torch.float64)
+    cu_q = torch.tensor([0, 3, 3, 8], dtype=torch.int32)
+    cu_k = torch.tensor([0, 4, 6, 12], dtype=torch.int32)
+    mask = dropout_keep_mask(3, 2, 5, 6, 0.5, 9, 10)
+    out = flashcute.reference.attention_varlen(q, k, v, cu_q, cu_k, causal=True, dropout_p=0.5,
+                                               dropout_mask=mask)
+    for b in (0, 2):
+        rows = slice(int(cu_q[b]), int(cu_q[b + 1]))
+        keys = slice(int(cu_k[b]), int(cu_k[b + 1]))
+        expected = flashcute.reference.attention(
+            q[None, rows], k[None, keys], v[None, keys], causal=True, dropout_p=0.5,
+            dropout_mask=mask[b:b + 1, :, :lengths_q[b], :lengths_k[b]])
+        assert torch.equal(out[rows], expected[0])
+    assert not torch.equal(out, flashcute.reference.attention_varlen(q, k, v, cu_q, cu_k, causal=True))
+
+
+def test_reference_refuses_bad_masks():
+    q = torch.zeros(1, 4, 2, 8)
+    for mask, error in ((torch.ones(1, 2, 4, 4), TypeError), (torch.ones(1, 2, 3, 4, dtype=torch.bool), ValueError),
+                        (torch.ones(2, 4, 4, dtype=torch.bool), ValueError), ([[True]], TypeError)):
+        with pytest.raises(error, match=r"^dropout_mask: "):
+            flashcute.reference.attention(q, q, q, dropout_p=0.5, dropout_mask=mask)
+    with pytest.raises(ValueError, match=r"^dropout_p: "):
+        flashcute.reference.attention(q, q, q, dropout_p=1.0)
