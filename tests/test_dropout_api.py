@@ -605,3 +605,86 @@ def test_reference_refuses_bad_masks():
             flashcute.reference.attention(q, q, q, dropout_p=0.5, dropout_mask=mask)
     with pytest.raises(ValueError, match=r"^dropout_p: "):
         flashcute.reference.attention(q, q, q, dropout_p=1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The benchmark's --dropout
+
+
+def test_bench_dropout_feature_names_and_configs():
+    import dataclasses
+
+    from flashcute.bench import BenchConfig, BenchRow, feature_name, with_feature
+    from flashcute.bench.grid import feature_label
+
+    assert feature_name(dropout=0.1) == "dropout"
+    assert feature_name((128, 0), 30.0, True, 0.1) == "window+softcap+alibi+dropout"
+    assert feature_label(softcap=30.0, dropout=0.125) == "softcap=30+dropout=0.125"
+    base = [BenchConfig("bf16", 128, True, 4096, 4, 16)]
+    cfgs = with_feature(base, dropout=0.1, with_dense=True)
+    assert [c.feature for c in cfgs] == ["dense", "dropout"]
+    assert cfgs[1].dense() == base[0] and cfgs[1].key != base[0].key and "dropout=0.1" in cfgs[1].label
+    for bad in (1.0, -0.5, True, "0.1"):
+        with pytest.raises(ValueError, match="dropout"):
+            with_feature(base, dropout=bad)
+    rows = [BenchRow.from_config("flashcute-hopper", base[0], 500.0),
+            BenchRow.from_config("flashcute-hopper", dataclasses.replace(base[0], dropout=0.1),
+                                 450.0, bwd_tflops=300.0)]
+    dicts = [r.to_dict() for r in rows]
+    assert [d["feature"] for d in dicts] == ["dense", "dropout"]
+    assert "dropout" not in dicts[0] and dicts[1]["dropout"] == 0.1
+
+
+def test_bench_parse_dropout():
+    from flashcute.bench import feature_skip_reason, parse_args
+
+    assert parse_args([]).dropout == 0.0
+    args = parse_args(["--dropout", "0.1", "--with-dense"])
+    assert args.dropout == 0.1 and args.with_dense
+    for bad in ("1", "-0.1", "x"):
+        with pytest.raises(SystemExit):
+            parse_args(["--dropout", bad])
+    with pytest.raises(SystemExit):
+        parse_args(["--varlen", "equal", "--dropout", "0.1"])
+    assert feature_skip_reason("flashcute-ampere", dropout=0.1) is None
+    reason = feature_skip_reason("sdpa-cudnn", dropout=0.1)
+    assert reason is not None and "dropout" in reason
+
+
+def test_bench_forward_fn_passes_dropout(monkeypatch):
+    import types
+
+    from flashcute.bench import impls
+    from flashcute.bench.grid import DROPOUT_SEED
+
+    calls: list[dict] = []
+    fake = types.SimpleNamespace(attention=lambda q, k, v, **kw: calls.append(kw) or q)
+    monkeypatch.setattr(impls, "_import_flashcute", lambda: fake)
+    q = k = v = torch.zeros(1, 4, 8, 16)
+    impls.make_forward_fn("flashcute-hopper", q, k, v, True, dropout=0.2)()
+    impls.make_forward_fn("flashcute-hopper", q, k, v, True)()
+    seed, offset = DROPOUT_SEED
+    assert calls == [dict(causal=True, backend="hopper", dropout_p=0.2, dropout_seed=seed,
+                          dropout_offset=offset), dict(causal=True, backend="hopper")]
+    with pytest.raises(ValueError, match="not timed with dropout"):
+        impls.make_forward_fn("sdpa-flash", q, k, v, True, dropout=0.2)
+
+
+def test_bench_reference_with_dropout_slices_like_the_whole():
+    from flashcute.bench.grid import DROPOUT_SEED
+    from flashcute.bench.timing import feature_reference, reference_output
+
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 9, 6, 16, generator=gen)
+    k = torch.randn(2, 13, 2, 16, generator=gen)
+    v = torch.randn(2, 13, 2, 16, generator=gen)
+    mask = dropout_keep_mask(2, 6, 9, 13, 0.3, *DROPOUT_SEED)
+    expected = flashcute.reference.attention(q, k, v, causal=True, dropout_p=0.3,
+                                             dropout_mask=mask).float()
+    for chunk_bytes in (1, 1 << 30):
+        got = feature_reference(q, k, v, True, dropout=0.3, chunk_bytes=chunk_bytes)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(reference_output(q, k, v, True, dropout=0.3), expected,
+                               atol=1e-5, rtol=1e-5)
+    plain = reference_output(q, k, v, True)
+    assert (plain - expected).abs().max() > 1e-2
