@@ -157,6 +157,28 @@ def test_binding_keep_bits_at_random_coordinates():
     assert keep_bits(5, 9, 3, 1, 2, 0.0) == 0xFF  # p = 0 keeps everything
 
 
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(dropout_p=1.5), ValueError, r"^dropout_p: expected a value in \[0, 1\)"),
+    (dict(dropout_p=math.nan), ValueError, r"^dropout_p: "),
+    (dict(dropout_p=0.1, dropout_rng_state=torch.zeros(2, dtype=torch.int32)), TypeError,
+     r"^dropout_rng_state: expected int64"),
+    (dict(dropout_p=0.1, dropout_rng_state=torch.zeros(3, dtype=torch.int64)), ValueError,
+     r"^dropout_rng_state: expected a contiguous tensor of shape \(2,\)"),
+], ids=["p>1", "nan", "int32", "shape"])
+def test_binding_refuses_bad_dropout(kwargs, error, match):
+    """The binding and the C++ layer check dropout again (for callers of the extension)."""
+    from torch.utils.dlpack import to_dlpack
+
+    _keep_bits_hook()  # a build with dropout
+    ext = pytest.importorskip("flashcute._C")
+    kwargs = {k: to_dlpack(x) if isinstance(x, torch.Tensor) else x for k, x in kwargs.items()}
+    q, k, v = _qkv()
+    out = torch.empty_like(q)
+    with pytest.raises(error, match=match):
+        ext.forward(to_dlpack(q), to_dlpack(k), to_dlpack(v), to_dlpack(out), None, 0.125, False,
+                    ext.BACKEND_AMPERE, 0, None, -1, -1, 0.0, None, **kwargs)
+
+
 # ---------------------------------------------------------------------------------------------
 # A recording extension with the binding's dropout keywords.
 
