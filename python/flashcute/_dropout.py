@@ -78,6 +78,9 @@ def check_dropout(
     ``draws``: the route draws a rng state when neither is given (torch forwards); elsewhere
     (other frameworks, backward calls) ``dropout_p > 0`` needs one of them. With
     ``dropout_p = 0`` the seed, offset and state are checked and unused."""
+    if type(dropout_p) is float and dropout_p == 0.0 and dropout_seed is None \
+            and dropout_offset is None:
+        return NO_DROPOUT  # the common call, at the cost of a few comparisons
     p = check_dropout_p(dropout_p)
     seed = _check_seed("dropout_seed", dropout_seed)
     offset = _check_seed("dropout_offset", dropout_offset)
