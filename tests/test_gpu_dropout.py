@@ -187,9 +187,10 @@ def test_forward_dropout(gen, backend, headdim, dtype, case):
     seqlen_q, seqlen_k, nheads, nheads_kv, _, _, _, p = case
     q, k, v = make_qkv(gen, 2, seqlen_q, seqlen_k, nheads, nheads_kv, headdim, dtype)
     out, lse = run_forward(q, k, v, p, backend=backend, **_kw(case))
-    # lse is that of the softmax before dropout: the call without dropout gives the same.
+    # lse is that of the softmax before dropout: the call without dropout gives it too (to
+    # rounding: a schedule may differ with dropout, e.g. query heads packed or not).
     _, plain_lse = flashcute.attention(q, k, v, return_lse=True, backend=backend, **_kw(case))
-    assert torch.equal(lse, plain_lse)
+    torch.testing.assert_close(lse, plain_lse, rtol=1e-6, atol=1e-5)
 
 
 @pytest.mark.parametrize("backend, headdim, dtype, case", _cases(forward=False))
