@@ -62,7 +62,9 @@ def check_dropout_p(dropout_p: Any) -> float:
 def _check_seed(name: str, value: Any) -> Optional[int]:
     if value is None:
         return None
-    if type(value) is not int and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+    if type(value) is not int and (
+        isinstance(value, bool) or not isinstance(value, numbers.Integral)
+    ):
         raise TypeError(f"{name}: expected an int in [0, 2**63) or None, got {_type_name(value)}")
     if not 0 <= value < SEED_LIMIT:
         raise ValueError(f"{name}: expected an int in [0, 2**63), got {value}")
@@ -85,8 +87,12 @@ def check_dropout(
     seed = _check_seed("dropout_seed", dropout_seed)
     offset = _check_seed("dropout_offset", dropout_offset)
     if (seed is None) != (offset is None):
-        given, missing = ("dropout_seed", "dropout_offset") if offset is None else ("dropout_offset", "dropout_seed")
-        raise ValueError(f"{missing}: expected an int beside {given} (the pair keys the dropout mask), got None")
+        given, missing = ("dropout_seed", "dropout_offset")
+        if seed is None:
+            given, missing = missing, given
+        raise ValueError(
+            f"{missing}: expected an int beside {given} (the pair keys the dropout mask), got None"
+        )
     if seed is not None and dropout_rng_state is not None:
         raise ValueError(
             "dropout_rng_state: the seed and offset come from dropout_seed and dropout_offset or "
@@ -121,7 +127,9 @@ def check_rng_state_info(info: _TensorInfo) -> None:
             f"({', '.join(map(str, info.shape))}{',' if len(info.shape) == 1 else ''})"
         )
     if info.strides[0] != 1:
-        raise ValueError(f"dropout_rng_state: expected a contiguous tensor, got stride {info.strides[0]}")
+        raise ValueError(
+            f"dropout_rng_state: expected a contiguous tensor, got stride {info.strides[0]}"
+        )
 
 
 def require_dropout(ext: Any) -> None:
@@ -141,7 +149,9 @@ def launch_kwargs(ext: Any, dropout: Dropout, rng_state: Any) -> dict[str, Any]:
         return {}
     require_dropout(ext)
     if rng_state is None and dropout.seed is None:
-        raise ValueError(f"dropout_seed: dropout_p = {dropout.p} needs a seed and offset or a rng state")
+        raise ValueError(
+            f"dropout_seed: dropout_p = {dropout.p} needs a seed and offset or a rng state"
+        )
     return {
         "dropout_p": dropout.p,
         "dropout_seed": dropout.seed or 0,
@@ -165,7 +175,8 @@ def dropout_rng_state(device: Any = None, *, generator: Any = None) -> Any:
 
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    return torch.randint(SEED_LIMIT - 1, (2,), dtype=torch.int64, device=device, generator=generator)
+    return torch.randint(SEED_LIMIT - 1, (2,), dtype=torch.int64, device=device,
+                         generator=generator)
 
 
 def rng_state_for(q: Any, dropout: Dropout, given: Any) -> Any:

@@ -225,20 +225,21 @@ def backward_state(dropout: Dropout, given: Optional[Tensor], drawn: Tensor) -> 
     return given if given is not None else drawn
 
 
-def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor, Tensor]) -> None:
+def _setup_context(
+    ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor, Tensor]
+) -> None:
     (q, k, v, causal, softmax_scale, backend, deterministic, left, right, softcap, slopes,
      dropout_p, seed, offset, given) = inputs
     out, lse, drawn = output
     dropout = _op_dropout(dropout_p, seed, offset, given, draws=True)
     ctx.save_for_backward(q, k, v, out, lse, slopes, backward_state(dropout, given, drawn))
-    # A forward forced onto "hopper" differentiates with the default choice: the Hopper
-    # backward where this build has it for the head dim (and deterministic is off), else the
-    # Ampere one.
     _torch_autograd.save_options(ctx, lse, causal, softmax_scale, (left, right), softcap,
                                  deterministic, backend, dropout)
 
 
-def _backward(ctx: Any, dout: Tensor, _dlse: Optional[Tensor], _dstate: Optional[Tensor]) -> tuple[Any, ...]:
+def _backward(
+    ctx: Any, dout: Tensor, _dlse: Optional[Tensor], _dstate: Optional[Tensor]
+) -> tuple[Any, ...]:
     q, k, v, out, lse, slopes, state = ctx.saved_tensors
     dropout: Dropout = ctx.dropout
     dq, dk, dv = attention_backward(

@@ -305,7 +305,9 @@ def _(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     return q.new_empty(q.shape), q.new_empty(k.shape), q.new_empty(k.shape)
 
 
-def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor, Tensor]) -> None:
+def _setup_context(
+    ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor, Tensor]
+) -> None:
     (q, k, v, cu_q, cu_k, used, max_q, max_k, causal, scale, backend, deterministic, left, right,
      softcap, slopes, dropout_p, seed, offset, given) = inputs
     out, lse, drawn = output
@@ -316,7 +318,9 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tens
     save_options(ctx, lse, causal, scale, (left, right), softcap, deterministic, backend, dropout)
 
 
-def _backward(ctx: Any, dout: Tensor, _dlse: Optional[Tensor], _dstate: Optional[Tensor]) -> tuple[Any, ...]:
+def _backward(
+    ctx: Any, dout: Tensor, _dlse: Optional[Tensor], _dstate: Optional[Tensor]
+) -> tuple[Any, ...]:
     q, k, v, out, lse, cu_q, cu_k, used, slopes, state = ctx.saved_tensors
     dropout: Dropout = ctx.dropout
     dq, dk, dv = attention_varlen_backward(

@@ -224,7 +224,8 @@ def attention(
     if _torch_tensors(q, k, v) and (out is None or _torch_tensors(out)):
         check_scalars(causal, softmax_scale, backend)
         check_torch_slopes(alibi_slopes, dropout_rng_state)
-        dropout = check_dropout(dropout_p, dropout_seed, dropout_offset, dropout_rng_state, draws=True)
+        dropout = check_dropout(dropout_p, dropout_seed, dropout_offset, dropout_rng_state,
+                                draws=True)
         if out is not None:
             _refuse_grad_with_out(q, k, v, out)
         return _torch_route().attention(
@@ -359,7 +360,9 @@ def _launch(
     stream = alloc.stream(like) if alloc is not None else 0
     workspace = _workspace(ext, problem, alloc, like, causal, backend_code, workspace_bytes)
     q, k, v, out, lse, slopes, *seq = (launchable(x) for x in tensors)
-    state = launchable(dropout_rng_state) if dropout.active and dropout_rng_state is not None else None
+    state = None
+    if dropout.active and dropout_rng_state is not None:
+        state = launchable(dropout_rng_state)
     ext.forward(q, k, v, out, lse, problem.scale, causal, backend_code, stream,
                 launchable(workspace) if workspace is not None else None,
                 problem.window_left, problem.window_right, problem.softcap, slopes, *seq, *sizes,

@@ -64,7 +64,8 @@ def _check_dropout_mask(mask: Any, shape: tuple[int, ...]) -> torch.Tensor:
         raise TypeError(f"dropout_mask: expected a torch.Tensor, got {type(mask).__qualname__}")
     if mask.dtype != torch.bool:
         raise TypeError(f"dropout_mask: expected a bool tensor, got {mask.dtype}")
-    if mask.dim() != 4 or mask.shape[:2] != shape[:2] or any(m < n for m, n in zip(mask.shape[2:], shape[2:])):
+    short = any(m < n for m, n in zip(mask.shape[2:], shape[2:]))
+    if mask.dim() != 4 or mask.shape[:2] != shape[:2] or short:
         raise ValueError(
             f"dropout_mask: expected shape {shape} (batch, nheads, seqlen_q, seqlen_k), or longer "
             f"sequences, got {tuple(mask.shape)}"

@@ -157,7 +157,8 @@ def attention_varlen(
     if _torch_call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, out):
         check_scalars(causal, softmax_scale, backend)
         check_torch_slopes(alibi_slopes, dropout_rng_state)
-        dropout = check_dropout(dropout_p, dropout_seed, dropout_offset, dropout_rng_state, draws=True)
+        dropout = check_dropout(dropout_p, dropout_seed, dropout_offset, dropout_rng_state,
+                                draws=True)
         if out is not None:
             _refuse_grad_with_out(q, k, v, out)
         from . import _torch_varlen
