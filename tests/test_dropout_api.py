@@ -516,6 +516,19 @@ def test_compiled_training_step_passes_one_state_per_step(ext):
     assert _dropout_of(ext.of("forward")[0]) == dict(dropout_p=0.1, seed=8, offset=9, state=None)
 
 
+def test_custom_ops_pass_opcheck_with_dropout(ext):
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor")
+    leaves = _qkv(requires_grad=True)
+    for extra in ((0.3,), (0.3, 4, 5), (0.3, None, None, _state())):
+        torch.library.opcheck(torch.ops.flashcute.attention_forward.default,
+                              (*leaves, True, 0.125, None, False, -1, -1, 0.0, None, *extra),
+                              test_utils=utils)
+    grads = _bwd_args()
+    torch.library.opcheck(torch.ops.flashcute.attention_backward.default,
+                          (*grads, False, 0.125, False, None, -1, -1, 0.0, None, 0.3, None, None,
+                           _state()), test_utils=("test_schema", "test_faketensor"))
+
+
 def test_compiled_fakes_give_the_state_shape():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
