@@ -8,6 +8,8 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -15,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "dropout.h"
 #include "flashcute/flashcute.h"
 #include "fwd_tail_split.h"
 #include "hopper/fwd_config.h"
@@ -431,6 +434,21 @@ size_t backward_workspace_size(int64_t batch, int64_t seqlen_q, int64_t seqlen_k
   return bytes;
 }
 
+// Keep bits of the dropout group holding weight (row, key) of slice bh, from flashcute::Dropout
+// as the kernels build it (api.cpp: set_mask_and_hook, dropout.h: Dropout::of).
+uint32_t dropout_keep_bits(int row, int key, int bh, uint64_t seed, uint64_t offset, float dropout_p) {
+  if (row < 0 || key < 0 || bh < 0) throw nb::value_error("row, key, bh: expected values >= 0");
+  if (!(dropout_p >= 0.f && dropout_p < 1.f)) throw nb::value_error("dropout_p: expected a value in [0, 1)");
+  const double threshold = std::nearbyint(static_cast<double>(dropout_p) * 65536.0);
+  flashcute::Dropout d{};
+  d.threshold = static_cast<uint32_t>(std::min(threshold, 65535.0));
+  d.rescale = d.threshold != 0 ? static_cast<float>(1.0 / (1.0 - static_cast<double>(dropout_p))) : 1.f;
+  d.key0 = static_cast<uint32_t>(seed);
+  d.key1 = static_cast<uint32_t>(seed >> 32) ^ static_cast<uint32_t>(offset >> 32);
+  d.offset_lo = static_cast<uint32_t>(offset);
+  return d.keep_bits(row, key, bh);
+}
+
 int device_capability(int device) {
   int capability = 0;
   raise_on_error(flashcute::device_capability(device, &capability));
@@ -484,6 +502,10 @@ NB_MODULE(_C, m) {
   m.def("_forward_packed_heads", &forward_packed_heads, nb::arg("nheads"), nb::arg("nheads_kv"),
         nb::arg("seqlen_q"), nb::arg("seqlen_k"), nb::arg("headdim"), nb::arg("causal"), nb::arg("alibi") = false,
         "Test hook: query heads the Hopper forward packs into a tile's rows (1: none).");
+  m.def("_dropout_keep_bits", &dropout_keep_bits, nb::arg("row"), nb::arg("key"), nb::arg("bh"), nb::arg("seed"),
+        nb::arg("offset"), nb::arg("dropout_p"),
+        "Test hook: the 8 keep bits (bit e: 4 * row bit 3 + 2 * key bit 3 + key bit 0) of the dropout group "
+        "holding weight (row, key) of slice bh = b * nheads + h.");
   m.def("device_capability", &device_capability, nb::arg("device"),
         "Compute capability of a CUDA device as major*10+minor.");
   m.def(
