@@ -294,9 +294,12 @@ def attention(
     ``kernel_window`` returns it). Calls with ``out`` are not differentiable (the front door
     refused inputs that require grad); where something watches one, it goes through the
     mutating custom op ``flashcute::attention_forward_out``. The slopes get no gradient.
-    Dropout without an explicit seed or rng state draws one from torch's generator on every
-    route: in the custom op where one runs, else here."""
+    Dropout without an explicit seed or rng state draws one from torch's generator here, on
+    every route, so that under a compiler the draw is a graph node of its own."""
     left, right = window
+    # Drawn here, before any custom op runs: a traced call then holds a draw of its own, and a
+    # compiler cannot merge two calls with equal inputs into one mask.
+    dropout_rng_state = rng_state_for(q, dropout, dropout_rng_state)
     tensors = [x for x in (alibi_slopes, dropout_rng_state) if x is not None]
     drop = (dropout.p, dropout.seed, dropout.offset, dropout_rng_state)
     if out is not None:

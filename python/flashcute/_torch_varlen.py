@@ -398,6 +398,9 @@ def attention(
     """The torch route of ``attention_varlen`` (scalar arguments already checked); dropout
     without an explicit seed or rng state draws one as ``_torch_ops.attention`` does."""
     left, right = window
+    # Drawn here, before any custom op runs: a traced call then holds a draw of its own, and a
+    # compiler cannot merge two calls with equal inputs into one mask.
+    dropout_rng_state = rng_state_for(q, dropout, dropout_rng_state)
     watched = [x for x in (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, out, alibi_slopes,
                            dropout_rng_state) if x is not None]
     how = _torch_ops.route(*watched)
