@@ -15,12 +15,15 @@
 // and row group = i without bit 3 (i / 16 · 8 + i % 8); its key is (seed low word, seed high
 // word ^ offset high word). flashcute.testing.dropout_keep_mask() computes the same bits.
 // A thread holding the transposed accumulator (keys as rows: Sᵀ in a backward) holds half of
-// two groups per 8 weights: keep_bits() of both, half of each used.
+// two groups per 8 weights; the lane beside it holds the other halves, so each computes one
+// group and they trade them (mask_transposed).
 #pragma once
 
 #include <cstdint>
 
 #include <cute/tensor.hpp>
+
+#include "fragment_views.h"
 
 namespace flashcute {
 
@@ -85,16 +88,17 @@ struct Dropout {
     return bits;
   }
 
-  // Zeroes the dropped weights of a thread's accumulator fragment with queries as rows, in
-  // (row, col) view with MaskPolicy::apply's coordinates (row_base + offsets_rc(r, c) row, col_base
-  // + col): rows in pairs (i, i + 8), columns in fours (j, j + 1, j + 8, j + 9), bases 16-aligned
-  // apart from the thread's own offset. Scaling by `rescale` is left to the caller (on O, dV).
-  template <class Weights, class Offsets>
-  CUTE_DEVICE void apply(Weights& p_rc, Offsets const& offsets_rc, int row_base, int col_base, int bh) const {
+  // Calls f(r, c, kept) for every weight of a thread's accumulator fragment with queries as
+  // rows, in (row, col) view with MaskPolicy::apply's coordinates (row_base + offsets_rc(r, c)
+  // row, col_base + col): rows in pairs (i, i + 8), columns in fours (j, j + 1, j + 8, j + 9),
+  // the last four possibly only (j, j + 1) (an N extent of 8 mod 16), bases 16-aligned apart
+  // from the thread's own offset. One keep_bits() per group.
+  template <class Offsets, class F>
+  CUTE_DEVICE void for_each_weight(Offsets const& offsets_rc, int row_base, int col_base, int bh, F&& f) const {
     using namespace cute;
-    constexpr int kRows = decltype(size<0>(p_rc))::value;
-    constexpr int kCols = decltype(size<1>(p_rc))::value;
-    static_assert(kRows % 2 == 0 && kCols % 4 == 0, "expected m16n8-shaped accumulator fragments");
+    constexpr int kRows = decltype(size<0>(offsets_rc))::value;
+    constexpr int kCols = decltype(size<1>(offsets_rc))::value;
+    static_assert(kRows % 2 == 0 && kCols % 2 == 0, "expected m16n8-shaped accumulator fragments");
     CUTE_UNROLL
     for (int r = 0; r < kRows; r += 2) {
       CUTE_UNROLL
@@ -104,10 +108,173 @@ struct Dropout {
         for (int e = 0; e < 8; ++e) {
           // e = 4·(row bit 3) + 2·(key bit 3) + key bit 0: fragment (r + e/4, c + e%4 reordered)
           const int rr = r + (e >> 2), cc = c + ((e >> 1) & 1) * 2 + (e & 1);
-          if (!(bits >> e & 1u)) p_rc(rr, cc) = 0.f;
+          if (cc < kCols) f(rr, cc, bool(bits >> e & 1u));
         }
       }
     }
+  }
+
+  // Zeroes the dropped weights of a thread's accumulator fragment with queries as rows
+  // (coordinates as in for_each_weight). Scaling by `rescale` is left to the caller (on O, dV).
+  template <class Weights, class Offsets>
+  CUTE_DEVICE void apply(Weights& p_rc, Offsets const& offsets_rc, int row_base, int col_base, int bh) const {
+    for_each_weight(offsets_rc, row_base, col_base, bh, [&](int r, int c, bool kept) {
+      if (!kept) p_rc(r, c) = 0.f;
+    });
+  }
+
+  // The keep bits of a fragment with queries as rows (coordinates as in for_each_weight), 8 per
+  // group in group order (row pair major), group g at bits 8·(g % 8) of chunks[g / 8]. Computed
+  // in a rolled loop, so the code holds one Philox body (the forward inlines it beside each of
+  // its key-block loops) and needs its registers once.
+  template <int kRows, int kCols>
+  struct GroupBits {
+    static constexpr int kColGroups = (kCols + 3) / 4;
+    static constexpr int kGroups = kRows / 2 * kColGroups;
+    uint64_t chunks[(kGroups + 7) / 8];
+    // The group bits of fragment rows (r, r + 1) and columns c..c + 3 (r even, c % 4 == 0).
+    CUTE_DEVICE uint32_t of(int r, int c) const {
+      const int g = r / 2 * kColGroups + c / 4;
+      return uint32_t(chunks[g / 8] >> (8 * (g % 8))) & 0xFFu;
+    }
+  };
+  template <class Offsets>
+  CUTE_DEVICE auto group_bits(Offsets const& offsets_rc, int row_base, int col_base, int bh) const {
+    using namespace cute;
+    constexpr int kRows = decltype(size<0>(offsets_rc))::value;
+    constexpr int kCols = decltype(size<1>(offsets_rc))::value;
+    static_assert(kRows % 2 == 0 && kCols % 2 == 0, "expected m16n8-shaped accumulator fragments");
+    using G = GroupBits<kRows, kCols>;
+    G bits;
+    CUTE_UNROLL
+    for (int chunk = 0; chunk < int(sizeof(bits.chunks) / 8); ++chunk) {
+      uint64_t word = 0;
+      constexpr int kGroups = G::kGroups;  // a value: min() would take it by reference
+      const int end = 8 * chunk + 8 < kGroups ? 8 * chunk + 8 : kGroups;
+#pragma unroll 1
+      for (int g = 8 * chunk; g < end; ++g) {
+        const int r = g / G::kColGroups * 2, c = g % G::kColGroups * 4;
+        const uint32_t b = keep_bits(row_base + get<0>(offsets_rc(r, c)), col_base + get<1>(offsets_rc(r, c)), bh);
+        word |= uint64_t(b) << (8 * (g - 8 * chunk));
+      }
+      bits.chunks[chunk] = word;
+    }
+    return bits;
+  }
+
+  // apply() on the weights already converted to a 16-bit type (P as the A operand of P·V; the
+  // fp32 weights are dead by then, which leaves the Philox calls free registers): `p` in the
+  // accumulator's compact layout, whose (r, c) and (r, c + 1), c even, share one 32-bit word.
+  template <class Weights16, class Offsets>
+  CUTE_DEVICE void apply_converted(Weights16& p, Offsets const& offsets_rc, int row_base, int col_base, int bh) const {
+    using namespace cute;
+    static_assert(sizeof(typename Weights16::value_type) == 2, "expected 16-bit weights");
+    constexpr int kRows = decltype(size<0>(offsets_rc))::value;
+    constexpr int kCols = decltype(size<1>(offsets_rc))::value;
+    static_assert(kCols % 4 == 0, "expected whole groups of columns (j, j + 1, j + 8, j + 9)");
+    const auto groups = group_bits(offsets_rc, row_base, col_base, bh);
+    Tensor words = recast<uint32_t>(p);
+    constexpr auto rc = decltype(rowcol_layout(p.layout())){};
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; r += 2) {
+      CUTE_UNROLL
+      for (int c = 0; c < kCols; c += 4) {
+        const uint32_t bits = groups.of(r, c);
+        CUTE_UNROLL
+        for (int e = 0; e < 8; e += 2) {  // keys (j, j + 1) or (j + 8, j + 9) of row i or i + 8
+          const int rr = r + (e >> 2), cc = c + ((e >> 1) & 1) * 2;
+          const uint32_t keep = (bits >> e & 1u) * 0x0000FFFFu | (bits >> (e + 1) & 1u) * 0xFFFF0000u;
+          words(rc(rr, cc) / 2) &= keep;
+        }
+      }
+    }
+  }
+
+  // A thread's keep bits of a fragment in (row, col) view: 4 bits per row pair (r, r + 1) and
+  // column pair (c, c + 1), r and c even, in pair order (row pair major), element (r + k, c + q)
+  // at bit 2·k + q of its four; 8 pairs per word.
+  template <int kRows, int kCols>
+  struct Mask {
+    static constexpr int kPairs = kRows / 2 * (kCols / 2);
+    uint32_t words[(kPairs + 7) / 8];
+    CUTE_DEVICE static constexpr int index(int r, int c) { return (r / 2 * (kCols / 2) + c / 2) * 4 + r % 2 * 2 + c % 2; }
+    CUTE_DEVICE bool kept(int r, int c) const { return words[index(r, c) / 32] >> (index(r, c) % 32) & 1u; }
+  };
+
+  // The keep bits of a fragment with queries as rows whose columns come in pairs (j, j + 1),
+  // j even, at any multiple of 8 apart from the thread's own offset (a consumer's keys that
+  // start 8 past a multiple of 16: the hd 256 backward's second consumer, at key 40): one
+  // keep_bits() per row pair and column pair, half of its bits used. A rolled loop, so the code
+  // holds one Philox body (unrolled, the hd 256 backward spilled).
+  template <class Offsets>
+  CUTE_DEVICE auto mask_by_pairs(Offsets const& offsets_rc, int row_base, int col_base, int bh) const {
+    using namespace cute;
+    constexpr int kRows = decltype(size<0>(offsets_rc))::value;
+    constexpr int kCols = decltype(size<1>(offsets_rc))::value;
+    static_assert(kRows % 2 == 0 && kCols % 2 == 0, "expected m16n8-shaped accumulator fragments");
+    using M = Mask<kRows, kCols>;
+    constexpr int kColPairs = kCols / 2, kPairs = M::kPairs;
+    M m;
+    CUTE_UNROLL
+    for (int w = 0; w < int(sizeof(m.words) / 4); ++w) {
+      uint32_t word = 0;
+      const int end = 8 * w + 8 < kPairs ? 8 * w + 8 : kPairs;
+#pragma unroll 1
+      for (int pair = 8 * w; pair < end; ++pair) {
+        const int r = pair / kColPairs * 2, c = pair % kColPairs * 2;
+        const int key = col_base + get<1>(offsets_rc(r, c));
+        // The half of the group's bits of this key's bit 3: bit 4·(row bit 3) + key bit 0, here
+        // packed to bit 2·(row bit 3) + key bit 0 (Mask's order).
+        const uint32_t bits = keep_bits(row_base + get<0>(offsets_rc(r, c)), key, bh) >> (2 * (key >> 3 & 1));
+        word |= ((bits & 3u) | (bits >> 2 & 0xCu)) << (4 * (pair - 8 * w));
+      }
+      m.words[w] = word;
+    }
+    return m;
+  }
+
+  // The keep bits of a transposed fragment (keys as rows, queries as columns: Sᵀ in a
+  // backward), in (row, col) view with MaskPolicy::apply_transposed's coordinates (key_base +
+  // offsets_rc(r, c) row, query_base + col): rows in pairs (j, j + 8), columns in fours (i,
+  // i + 1, i + 8, i + 9), bases 16-aligned apart from the thread's own offset. Such a thread
+  // holds half of group (i, j) and half of group (i + 1, j): it computes the group of query
+  // i + (j bit 0), and the lane holding key j ^ 1 of the same queries (lane ^ 4 in MMA
+  // accumulator layouts) the other one; the two trade them with one shuffle, so each group
+  // costs one keep_bits() as in the forward. All 32 lanes of the warp call it together.
+  template <class Offsets>
+  CUTE_DEVICE auto mask_transposed(Offsets const& offsets_rc, int key_base, int query_base, int bh) const {
+    using namespace cute;
+    constexpr int kRows = decltype(size<0>(offsets_rc))::value;
+    constexpr int kCols = decltype(size<1>(offsets_rc))::value;
+    static_assert(kRows % 2 == 0 && kCols % 4 == 0, "expected m16n8-shaped accumulator fragments");
+    using M = Mask<kRows, kCols>;
+    M m;
+    CUTE_UNROLL
+    for (int w = 0; w < int(sizeof(m.words) / 4); ++w) m.words[w] = 0;
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; r += 2) {
+      CUTE_UNROLL
+      for (int c = 0; c < kCols; c += 4) {
+        const int key = key_base + get<0>(offsets_rc(r, c));
+        const int query = query_base + get<1>(offsets_rc(r, c));  // even, bit 3 clear
+        const uint32_t key_odd = uint32_t(key) & 1u;
+        const uint32_t mine = keep_bits(query + int(key_odd), key, bh);
+        const uint32_t theirs = __shfl_xor_sync(0xffffffffu, mine, 4);
+        // Groups of queries i and i + 1, shifted so that bit 2·(2·(query bit 3) + key bit 3)
+        // is this thread's key's.
+        const uint32_t even = (key_odd ? theirs : mine) >> key_odd;
+        const uint32_t odd = (key_odd ? mine : theirs) >> key_odd;
+        CUTE_UNROLL
+        for (int k = 0; k < 2; ++k) {      // key j + 8k: row r + k
+          CUTE_UNROLL
+          for (int q = 0; q < 4; ++q) {    // query i, i + 1, i + 8, i + 9: column c + q
+            const uint32_t bit = ((q & 1) ? odd : even) >> (2 * (2 * (q >> 1) + k)) & 1u;
+            m.words[M::index(r + k, c + q) / 32] |= bit << (M::index(r + k, c + q) % 32);
+          }
+        }
+      }
+    }
+    return m;
   }
 };
 

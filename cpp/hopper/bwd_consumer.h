@@ -7,11 +7,15 @@
 // block where dQ needs both consumers' dS) and dK += dSᵀ·Q, and the dQ partial is added while
 // dK runs. With Traits::kDvAfterDq, dV is issued after dK instead, and the partial is added
 // while both run. The Q and dO stages are released once every GEMM reading them has completed.
+// Dropout (dropout.h; in the score-hook variant): the block's keep bits Z are computed while
+// dPᵀ runs, dS = P∘(Z·dPᵀ/(1 − p) − rowsum(dO∘O)) (O holds the dropout already), dV takes
+// P∘Z and is scaled by 1 / (1 − p) at the end.
 #pragma once
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
+#include "dropout.h"
 #include "fragment_views.h"
 #include "hopper/bwd_config.h"
 #include "hopper/bwd_params.h"
@@ -95,6 +99,7 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
   Tensor cS = make_identity_tensor(typename Traits::TileSt{});
   Tensor tScS0 = mma_sdp.get_thread_slice(0).partition_C(cS);
   Tensor offsets_rc = make_tensor(tScS0.data(), rowcol_layout(tScS0.layout()));
+  constexpr int kRows = decltype(size<0>(offsets_rc))::value;
   constexpr int kCols = decltype(size<1>(offsets_rc))::value;
   constexpr bool kPrefetchStats = kCols <= 16;
   const int thread_key = get<0>(thr_sdp.partition_C(cS)(0));
@@ -195,6 +200,14 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
       CUTE_UNROLL
       for (int r = 0; r < size<0>(s_rc); ++r) s_rc(r, c) = fast_exp2(fmaf(s_rc(r, c), args.scale_log2, -lse));
     }
+    // Dropout's keep bits of the block, while dPᵀ runs (its state read here, not held).
+    const bool dropout = kScoreHook && args.dropout_threshold != 0;
+    Dropout::Mask<kRows, kCols> keep;
+    if constexpr (kScoreHook) {
+      if (dropout)
+        keep = Dropout::of(args).mask_transposed(offsets_rc, key0 + thread_key, m * kBlockM + thread_col,
+                                                 batch * args.nheads + head);
+    }
     // rowsum(dO∘O) per column, the same way.
     const float* row_dot = storage.row_dot.data() + s * kBlockM + thread_col;
     float dot_cols[kPrefetchStats ? kCols : 1];
@@ -206,6 +219,15 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
     // issuing dV first, and fewer live registers).
     warpgroup_wait<0>();  // dPᵀ
     Tensor dp_rc = rowcol_view(acc_dp);
+    if constexpr (kScoreHook) {
+      if (dropout) {  // the kept weights' dPᵀ, scaled; the dropped ones' 0
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; ++c) {
+          CUTE_UNROLL
+          for (int r = 0; r < kRows; ++r) dp_rc(r, c) = keep.kept(r, c) ? dp_rc(r, c) * args.dropout_rescale : 0.f;
+        }
+      }
+    }
     CUTE_UNROLL
     for (int c = 0; c < kCols; ++c) {
       const float dot = kPrefetchStats ? dot_cols[kPrefetchStats ? c : 0] : row_dot[get<1>(offsets_rc(0, c))];
@@ -222,6 +244,15 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
           for (int r = 0; r < size<0>(dp_rc); ++r)
             dp_rc(r, c) *= hook.grad_factor(s_rc(r, c), lse, 1.f / args.scale_log2,
                                             ScoreHook::alibi_bias(slope, base, offsets_rc, r, c, -1.f));
+        }
+      }
+    }
+    if constexpr (kScoreHook) {
+      if (dropout) {  // dV takes the kept weights only (dS above took them all)
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; ++c) {
+          CUTE_UNROLL
+          for (int r = 0; r < kRows; ++r) s_rc(r, c) = keep.kept(r, c) ? s_rc(r, c) : 0.f;
         }
       }
     }
@@ -289,6 +320,10 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
   // GEMMs read all of K: wait for both first.
   CUTE_UNROLL
   for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= args.softmax_scale;
+  if constexpr (kScoreHook) {  // dropout's 1 / (1 - p) (1 without dropout), before any split sums
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_dv); ++i) acc_dv(i) *= args.dropout_rescale;
+  }
   bool store = true;
   const BwdTile end_tile = bwd_tile(params, cta_index_again());
   if (end_tile.split >= 0) {

@@ -29,9 +29,9 @@ CUTE_DEVICE Pipeline make_bwd_pipeline(typename Pipeline::SharedStorage& storage
   return Pipeline(storage, params, cute::Shape<cute::_1, cute::_1, cute::_1>{});
 }
 
-// kScoreHook: the score hook (softcap, ALiBi; score_hook.h) compiled in, one variant for both
-// (a runtime branch cost 1.5-4 % of the dense backward at hd 128, short sequences; H200,
-// benchmarks/results/README.md).
+// kScoreHook: the score hook (softcap, ALiBi; score_hook.h) and dropout (dropout.h) compiled
+// in, one variant for all (a runtime branch cost 1.5-4 % of the dense backward at hd 128,
+// short sequences; H200, benchmarks/results/README.md).
 template <class Traits, bool kDeferDq = false, bool kScoreHook = false>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     bwd_kernel(__grid_constant__ const BwdParams<Traits> params) {

@@ -43,14 +43,14 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
     if (blocks_per_cta >= kDeferDqMinBlocks && (fixed || !bwd_deferred_dq_fixed_only(kHeadDim, false)))
       kernel = &bwd_kernel<Traits, true>;
   }
-  // The score hook (softcap, ALiBi): one variant per head dim (deferred dQ where the head dim
-  // always defers), and one without the deferred dQ for variable lengths where the deferred one
-  // is fixed-length only.
+  // The score hook (softcap, ALiBi) and dropout: one variant per head dim (deferred dQ where the
+  // head dim always defers), and one without the deferred dQ for variable lengths where the
+  // deferred one is fixed-length only.
   constexpr bool kHookDefersDq = kCanDeferDq && kDeferDqMinBlocks == 0;
   auto hooked_kernel = &bwd_kernel<Traits, kHookDefersDq, true>;
   constexpr bool kHookVarlenOwnKernel = kHookDefersDq && bwd_deferred_dq_fixed_only(kHeadDim, true);
   auto hooked_varlen_kernel = &bwd_kernel<Traits, kHookDefersDq && !kHookVarlenOwnKernel, true>;
-  if (ScoreHook::of(p).active()) kernel = fixed ? hooked_kernel : hooked_varlen_kernel;
+  if (ScoreHook::of(p).active() || p.dropout_threshold != 0) kernel = fixed ? hooked_kernel : hooked_varlen_kernel;
   constexpr int kSmem = Traits::kSmemBytes;
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return cuda_status(err, "cudaGetDevice");

@@ -7,11 +7,14 @@
 // chunk added to dq_accum while the next GEMM runs, so the tensor cores always have work queued. dO is
 // released as soon as dV has read it (it may have a single stage); Q once dK is done, which
 // is only awaited behind the next block's S.
+// Dropout (dropout.h; in the score-hook variant): P∘Z goes to shared memory for dV, dS =
+// P∘(Z·dP/(1 − p) − rowsum(dO∘O)), and dV is scaled by 1 / (1 − p) at the end.
 #pragma once
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
+#include "dropout.h"
 #include "fragment_views.h"
 #include "hopper/bwd_params.h"
 #include "hopper/bwd_split_sums.h"
@@ -166,6 +169,24 @@ CUTE_DEVICE void consume_bwd_wide(BwdParams<Traits> const& params, typename Trai
       for (int c = 0; c < size<1>(s_rc); ++c) s_rc(r, c) = fast_exp2(fmaf(s_rc(r, c), args.scale_log2, -lse_rows[r]));
     }
     convert_fragment_into(acc_s, p_regs);
+    // Dropout: the block's keep bits (its state read here, not held); dV takes the kept weights
+    // only, dS below all of them. The second consumer's keys start 8 past a multiple of 16.
+    const bool dropout = kScoreHook && args.dropout_threshold != 0;
+    Dropout::Mask<kScoreRows, decltype(size<1>(s_rc))::value> keep;
+    if constexpr (kScoreHook) {
+      if (dropout) {
+        keep = Dropout::of(args).mask_by_pairs(offsets_rc, m * kBlockM + thread_row, key0 + thread_key,
+                                               batch * args.nheads + head);
+        Tensor p_rc = rowcol_view(p_regs);
+        CUTE_UNROLL
+        for (int r = 0; r < kScoreRows; ++r) {
+          CUTE_UNROLL
+          for (int c = 0; c < size<1>(p_rc); ++c) {
+            if (!keep.kept(r, c)) p_rc(r, c) = Element(0.f);
+          }
+        }
+      }
+    }
     copy(pds_copy, tPrP, tPsP(_, _, _, buffer));
 
     const float* row_dot = storage.row_dot.data() + do_stage * kBlockM + thread_row;
@@ -174,6 +195,15 @@ CUTE_DEVICE void consume_bwd_wide(BwdParams<Traits> const& params, typename Trai
     for (int r = 0; r < kScoreRows; ++r) dot_rows[r] = row_dot[get<0>(offsets_rc(r, 0))];
     warpgroup_wait<0>();  // dP
     Tensor dp_rc = rowcol_view(acc_dp);
+    if constexpr (kScoreHook) {
+      if (dropout) {  // the kept weights' dP, scaled; the dropped ones' 0
+        CUTE_UNROLL
+        for (int r = 0; r < kScoreRows; ++r) {
+          CUTE_UNROLL
+          for (int c = 0; c < size<1>(dp_rc); ++c) dp_rc(r, c) = keep.kept(r, c) ? dp_rc(r, c) * args.dropout_rescale : 0.f;
+        }
+      }
+    }
     CUTE_UNROLL
     for (int r = 0; r < kScoreRows; ++r) {
       CUTE_UNROLL
@@ -238,6 +268,10 @@ CUTE_DEVICE void consume_bwd_wide(BwdParams<Traits> const& params, typename Trai
   // row stores past a packed sequence's keys, bwd_tma.h).
   CUTE_UNROLL
   for (int e = 0; e < size(acc_dk); ++e) acc_dk(e) *= args.softmax_scale;
+  if constexpr (kScoreHook) {  // dropout's 1 / (1 - p) (1 without dropout), before any split sums
+    CUTE_UNROLL
+    for (int e = 0; e < size(acc_dv); ++e) acc_dv(e) *= args.dropout_rescale;
+  }
   bool store = true;
   const BwdTile end_tile = bwd_tile(params, cta_index_again());
   if (end_tile.split >= 0) {

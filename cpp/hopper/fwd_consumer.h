@@ -9,8 +9,10 @@
 // left side last (mask.h); the bulk runs without mask code and keeps
 // each row's max while the weights stay small (online_softmax.h): no max search, no O rescale.
 // Where any thread of a warpgroup finds them too large, the warpgroup computes S again and
-// takes the full update. The score hook (softcap, ALiBi) runs on S before all of this. Key blocks
-// that none of a consumer's rows can see are skipped by that consumer alone. A piece of a
+// takes the full update. The score hook (softcap, ALiBi) runs on S before all of this; dropout
+// (dropout.h) zeroes weights of P after the row sums have taken them, and O is scaled by
+// 1 / (1 - p) where it is normalized. Key blocks that none of a consumer's rows can see are
+// skipped by that consumer alone. A piece of a
 // split tile (fwd_tail_split.h) runs its own key blocks and leaves its state; the CTA whose
 // piece finishes a tile merges and stores it once its own pieces are done (few-row tiles: all
 // consumer threads together, without the epilogue). In a variable-length batch the mask is
@@ -19,6 +21,7 @@
 
 #include <cute/tensor.hpp>
 
+#include "dropout.h"
 #include "fragment_views.h"
 #include "hopper/fwd_epilogue.h"
 #include "hopper/fwd_params.h"
@@ -32,6 +35,17 @@
 #include "seq_view.h"
 
 namespace flashcute::hopper {
+
+// Dropout on a key block's weights where it is on, after the row sums took them: the dropped
+// ones leave P, zeroed once converted (the fp32 weights are dead by then). Its state is read
+// from the parameters here, not held. Inlined by force and called beside the block step rather
+// than inside it: there it pushed the step out of line at hd 256 (a call, O spilled around it).
+template <class PRegs, class Offsets>
+CUTE_DEVICE void drop_weights(FwdKernelParams const& args, FwdTile const& tile, PRegs& p_regs,
+                              Offsets const& offsets_rc, int row_base, int col_base) {
+  if (args.dropout_threshold != 0)
+    Dropout::of(args).apply_converted(p_regs, offsets_rc, row_base, col_base, tile.batch * args.nheads + tile.head);
+}
 
 template <class Traits>
 CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::SharedStorage& storage,
@@ -158,6 +172,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
         warpgroup_wait<0>();
         scores_done(acc_s, n, mine.needs_mask(n), correction);  // acc_o is still zero
         convert_fragment_into(acc_s, p_regs);
+        drop_weights(args, tile, p_regs, score_offsets_rc, my_row, n * kBlockN + thread_col);
       }
       // Variable-length batches: V rows past the sequence's used keys (the next sequence's, or
       // unused cache slots) may hold anything, NaN included, and 0 · NaN would reach O. Only
@@ -220,9 +235,19 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
         if (!max_kept) OnlineSoftmax<kThreadRows>::rescale(acc_o_rc, correction);
         convert_fragment_into(acc_s, p_regs);
       };
-      for (--n; n >= mine_begin && n >= mine.n_unmasked; --n) step(n, cute::true_type{});
-      for (; n >= mine_begin && n >= mine.n_unmasked_begin; --n) step(n, cute::false_type{});
-      for (; n >= mine_begin; --n) step(n, cute::true_type{});
+      // Dropout after each step (kept max or full update alike), as after the first block.
+      for (--n; n >= mine_begin && n >= mine.n_unmasked; --n) {
+        step(n, cute::true_type{});
+        drop_weights(args, tile, p_regs, score_offsets_rc, my_row, n * kBlockN + thread_col);
+      }
+      for (; n >= mine_begin && n >= mine.n_unmasked_begin; --n) {
+        step(n, cute::false_type{});
+        drop_weights(args, tile, p_regs, score_offsets_rc, my_row, n * kBlockN + thread_col);
+      }
+      for (; n >= mine_begin; --n) {
+        step(n, cute::true_type{});
+        drop_weights(args, tile, p_regs, score_offsets_rc, my_row, n * kBlockN + thread_col);
+      }
       if constexpr (!Traits::kOAliasesQ) storage.q_empty.arrive();  // last Q·Kᵀ has completed
 
       pipeline_v.consumer_wait(v_state);
@@ -254,7 +279,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
       continue;
     }
     float lse[kThreadRows];
-    softmax.finalize(acc_o_rc, lse);
+    softmax.finalize(acc_o_rc, lse, args.dropout_rescale);
     epilogue.store(acc_o, lse, tile, consumer_row0);
     ++iteration;
   }
@@ -272,7 +297,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
     const int consumer_row0 = row0 + consumer * kRows;
     merge_split_pieces(params, consumer, tile, acc_o_rc, softmax, warp_has_rows(consumer_row0));
     float lse[kThreadRows];
-    softmax.finalize(acc_o_rc, lse);
+    softmax.finalize(acc_o_rc, lse, args.dropout_rescale);
     epilogue.store(acc_o, lse, tile, consumer_row0);
   }
   epilogue.drain();

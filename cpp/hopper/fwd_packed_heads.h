@@ -27,14 +27,14 @@ inline bool fwd_varlen(const FwdKernelParams& p) {
 // fill them: p.headdim, the call's, too), no causal or window band unless there is one query
 // row and no left window side (the bottom-right causal diagonal, or a right side, then masks
 // nothing), no ALiBi (its slope and distance follow the query head and row that packing
-// merges), fewer query tiles, and a fixed-length batch (a variable-length one's tiles are its
+// merges), no dropout (its bits follow them too), fewer query tiles, and a fixed-length batch (a variable-length one's tiles are its
 // sequences', seq_view.h). `headdim`: the kernel's.
 inline int fwd_packed_heads(const FwdKernelParams& p, int headdim, int block_m) {
   if (fwd_varlen(p)) return 1;
   const int group = p.heads_per_kv;
   if (group < 2 || 64 % group != 0 || headdim % 64 != 0 || p.headdim % 64 != 0 || block_m <= 0 || p.seqlen_q <= 0)
     return 1;
-  if (p.alibi_slopes != nullptr) return 1;
+  if (p.alibi_slopes != nullptr || p.dropout_threshold != 0) return 1;
   if (has_band(p) && (p.seqlen_q != 1 || p.window_left < p.seqlen_k)) return 1;
   if (static_cast<long long>(p.seqlen_q) * group > INT_MAX) return 1;  // the packed call's rows are an int
   const long long tiles = static_cast<long long>(group) * ((p.seqlen_q + block_m - 1) / block_m);

@@ -215,7 +215,7 @@ CUTE_DEVICE void merge_few_rows(FwdParams<Traits> const& params, FwdTile const& 
       }
       row_max = new_max;
     }
-    const float inv = row_has_no_key(sum) ? 0.f : 1.f / sum;
+    const float inv = row_has_no_key(sum) ? 0.f : args.dropout_rescale / sum;  // dropout's 1 / (1 - p)
     const QueryRowOf query = query_row_of(params, tile.head, row0 + row);
     Element* out = static_cast<Element*>(args.out) + tile.batch * args.out_batch_stride +
                    query.head * args.out_head_stride + query.row * args.out_row_stride + 16 * k + 2 * quad_lane;
