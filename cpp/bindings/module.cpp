@@ -17,7 +17,7 @@
 #include <tuple>
 #include <vector>
 
-#include "dropout.h"
+#include "philox.h"
 #include "flashcute/flashcute.h"
 #include "fwd_tail_split.h"
 #include "hopper/fwd_config.h"
@@ -434,19 +434,14 @@ size_t backward_workspace_size(int64_t batch, int64_t seqlen_q, int64_t seqlen_k
   return bytes;
 }
 
-// Keep bits of the dropout group holding weight (row, key) of slice bh, from flashcute::Dropout
-// as the kernels build it (api.cpp: set_mask_and_hook, dropout.h: Dropout::of).
+// Keep bits of the dropout group holding weight (row, key) of slice bh, as the kernels draw them
+// (api.cpp: set_mask_and_hook, philox.h).
 uint32_t dropout_keep_bits(int row, int key, int bh, uint64_t seed, uint64_t offset, float dropout_p) {
   if (row < 0 || key < 0 || bh < 0) throw nb::value_error("row, key, bh: expected values >= 0");
   if (!(dropout_p >= 0.f && dropout_p < 1.f)) throw nb::value_error("dropout_p: expected a value in [0, 1)");
   const double threshold = std::nearbyint(static_cast<double>(dropout_p) * 65536.0);
-  flashcute::Dropout d{};
-  d.threshold = static_cast<uint32_t>(std::min(threshold, 65535.0));
-  d.rescale = d.threshold != 0 ? static_cast<float>(1.0 / (1.0 - static_cast<double>(dropout_p))) : 1.f;
-  d.key0 = static_cast<uint32_t>(seed);
-  d.key1 = static_cast<uint32_t>(seed >> 32) ^ static_cast<uint32_t>(offset >> 32);
-  d.offset_lo = static_cast<uint32_t>(offset);
-  return d.keep_bits(row, key, bh);
+  const uint32_t kept = static_cast<uint32_t>(std::min(threshold, 65535.0));
+  return flashcute::DropoutKey::of(kept, seed, offset).keep_bits(row, key, bh);
 }
 
 int device_capability(int device) {
