@@ -75,7 +75,7 @@ Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
   using ElementV = typename Traits::ElementV;
   using ElementO = typename Traits::ElementO;
   // The kernel runs the packed call where query heads are packed; Q and O keep the caller's shapes.
-  const int packed = fwd_packed_heads(call, kHeadDim, Traits::kBlockM);
+  const int packed = fwd_packed_heads(call, kHeadDim, Traits::kBlockM, kHeadDimV);
   const FwdKernelParams p = fwd_packed_view(call, packed);
   auto kernel = &fwd_kernel<Traits>;
   constexpr int kSmem = Traits::kSmemBytes;

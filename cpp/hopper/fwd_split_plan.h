@@ -28,7 +28,7 @@ inline FwdSplitPlan plan_fwd_split(const FwdKernelParams& call, int headdim, int
   const FwdTileSize tile =
       fwd_tile_size(headdim, fwd_second_tile(headdim, call.seqlen_q, call.seqlen_k, call.causal));
   const int block_m = 64 * tile.consumers;
-  const FwdKernelParams p = fwd_packed_view(call, fwd_packed_heads(call, headdim, block_m));
+  const FwdKernelParams p = fwd_packed_view(call, fwd_packed_heads(call, headdim, block_m, headdim_v));
   if (tile.consumers == 0 || has_band(p) || fwd_varlen(p) || p.seqlen_q <= 0 || p.seqlen_k <= 0 || p.batch <= 0 || p.nheads <= 0)
     return plan;
   const long long units = static_cast<long long>((p.seqlen_q + block_m - 1) / block_m) * p.nheads * p.batch;

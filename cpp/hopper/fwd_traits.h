@@ -106,7 +106,9 @@ struct FwdTraits {
                                           kVElems * int(sizeof(ElementV)) + 1024 <= kSmemLimit;
   static constexpr bool kOAliasesV = !kOOwnBuffer && kVElems * int(sizeof(ElementV)) >= kOBufferBytes;
   static constexpr bool kOAliasesQ = !kOOwnBuffer && !kOAliasesV;
-  static_assert(!kOAliasesQ || int(kQBytes) >= kOBufferBytes, "O's staging fits in no buffer");
+  // In Q's buffer each consumer's O must sit on its own Q rows, which other consumers never read.
+  static_assert(!kOAliasesQ || (kHeadDimV == kHeadDim && sizeof(ElementO) == sizeof(ElementQK)),
+                "O staged in Q's buffer needs Q's layout");
 
   // Arrivals that free Q's buffer: every consumer thread after its last Q·Kᵀ, or, when O
   // reuses the buffer, one thread per consumer after its O store has read it.
