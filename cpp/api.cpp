@@ -223,6 +223,9 @@ Status check_problem(const Params& p) {
     return invalid("softcap: expected 0 or a finite positive float32 within 2^126 of softmax_scale");
   if (p.alibi_slopes_batch_stride < 0)
     return invalid("alibi_slopes_batch_stride: expected a value >= 0 (0: one row of slopes for every batch)");
+  if (!(p.dropout_p >= 0.f && p.dropout_p < 1.f)) return invalid("dropout_p: expected a value in [0, 1)");
+  if (reinterpret_cast<uintptr_t>(p.dropout_rng_state) % alignof(int64_t) != 0)
+    return invalid("dropout_rng_state: expected an 8-byte aligned int64 device pointer");
   return Status{};
 }
 
@@ -321,6 +324,13 @@ void set_mask_and_hook(Kernel& k, const Params& p) {
   k.alibi_slopes = p.alibi_slopes;
   k.alibi_batch_stride = p.alibi_slopes == nullptr ? 0 : p.alibi_slopes_batch_stride;
   k.alibi_scale = -1.f / p.softmax_scale;
+  // Dropout: p in 16-bit steps; a p that rounds to 0 keeps every weight, as p = 0 does.
+  const double threshold = std::nearbyint(static_cast<double>(p.dropout_p) * 65536.0);
+  k.dropout_threshold = static_cast<uint32_t>(std::min(threshold, 65535.0));
+  k.dropout_rescale = k.dropout_threshold != 0 ? static_cast<float>(1.0 / (1.0 - static_cast<double>(p.dropout_p))) : 1.f;
+  k.dropout_seed = p.dropout_seed;
+  k.dropout_offset = p.dropout_offset;
+  k.dropout_rng_state = k.dropout_threshold != 0 ? p.dropout_rng_state : nullptr;
 }
 
 // The sequence view's fields (seq_view.h); the packed row counts only with their offsets.

@@ -40,6 +40,14 @@ struct FwdKernelParams {
   const float* __restrict__ alibi_slopes;
   int64_t alibi_batch_stride;
   float alibi_scale;
+  // P hook (dropout.h): weights dropped where their 16-bit Philox value is below
+  // dropout_threshold = round(dropout_p · 65536), 0 when off; kept ones scaled by
+  // dropout_rescale = 1 / (1 - dropout_p). Seed and offset from the scalars, or from the device
+  // pair {seed, offset} at dropout_rng_state where it is not null.
+  uint32_t dropout_threshold;
+  float dropout_rescale;
+  uint64_t dropout_seed, dropout_offset;
+  const int64_t* __restrict__ dropout_rng_state;
   // Variable-length batches (seq_view.h): null leaves the fixed sizes. With cu_seqlens_q,
   // sequence b's queries are rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of the packed q, out
   // and lse (batch strides 0) and seqlen_q is the longest sequence's length; likewise for keys.
@@ -113,6 +121,14 @@ struct BwdKernelParams {
   const float* __restrict__ alibi_slopes;
   int64_t alibi_batch_stride;
   float alibi_scale;
+  // P hook (dropout.h): weights dropped where their 16-bit Philox value is below
+  // dropout_threshold = round(dropout_p · 65536), 0 when off; kept ones scaled by
+  // dropout_rescale = 1 / (1 - dropout_p). Seed and offset from the scalars, or from the device
+  // pair {seed, offset} at dropout_rng_state where it is not null.
+  uint32_t dropout_threshold;
+  float dropout_rescale;
+  uint64_t dropout_seed, dropout_offset;
+  const int64_t* __restrict__ dropout_rng_state;
   // Variable-length batches, as in FwdKernelParams (seq_view.h). The workspace keeps
   // seqlen_q_padded rows per (batch, head) whatever the layout of q: sequence b's row r is
   // workspace row r of batch b.

@@ -123,6 +123,12 @@ CUTE_HOST_DEVICE KeyBlockRange key_block_range(MaskPolicy const& mask, int row0,
   const int first = row0 > 0 ? row0 : 0;
   const int last = cute::min(row0 + rows, mask.seqlen_q) - 1;
   if (last < first) return KeyBlockRange{0, 0, 0, 0};
+  if (!mask.bounds_left()) {  // dense, causal, right side only: every row's keys start at 0
+    const int key_end = mask.key_end(last);
+    if (key_end <= 0) return KeyBlockRange{0, 0, 0, 0};
+    const int n_end = ceil_div_int(key_end, kBlockN);
+    return KeyBlockRange{0, 0, clamp_int(mask.key_end(first) / kBlockN, 0, n_end), n_end};
+  }
   const int key_begin = mask.key_begin(first), key_end = mask.key_end(last);
   if (key_end <= key_begin) return KeyBlockRange{0, 0, 0, 0};
   const int n_begin = key_begin / kBlockN;

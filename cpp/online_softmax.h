@@ -127,13 +127,14 @@ struct OnlineSoftmax {
   }
 
   // Divides the accumulator by the row sums; returns natural-log LSE per row in lse[].
-  // Rows that saw no key get 0 output and lse = -inf.
+  // Rows that saw no key get 0 output and lse = -inf. o_scale: a factor on every output row
+  // besides 1 / sum (dropout's 1 / (1 - p)).
   template <class Acc>
-  CUTE_DEVICE void finalize(Acc& acc_rc, float (&lse)[kRows]) {
+  CUTE_DEVICE void finalize(Acc& acc_rc, float (&lse)[kRows], float o_scale = 1.f) {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const float sum = quad_allreduce_sum(row_sum[r]);
-      const float inv = row_has_no_key(sum) ? 0.f : 1.f / sum;
+      const float inv = row_has_no_key(sum) ? 0.f : o_scale / sum;
       CUTE_UNROLL
       for (int c = 0; c < cute::size<1>(acc_rc); ++c) acc_rc(r, c) *= inv;
       lse[r] = row_lse(row_max[r] * scale_log2, sum);

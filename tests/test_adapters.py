@@ -35,11 +35,11 @@ class ReferenceKernel:
         self.calls: list[dict[str, Any]] = []
 
     def __call__(self, q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1),
-                 softcap=0.0, alibi_slopes=None, return_lse=False, out=None, backend=None,
-                 deterministic=False):
+                 softcap=0.0, alibi_slopes=None, dropout_p=0.0, return_lse=False, out=None,
+                 backend=None, deterministic=False):
         self.calls.append(dict(q=q, k=k, v=v, causal=causal, softmax_scale=softmax_scale,
                                window=tuple(window), softcap=softcap, alibi_slopes=alibi_slopes,
-                               out=out, deterministic=deterministic))
+                               out=out, deterministic=deterministic, dropout_p=dropout_p))
         result = reference.attention(q, k, v, causal=causal, softmax_scale=softmax_scale,
                                      window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                                      return_lse=return_lse, dtype=q.dtype)
@@ -358,7 +358,7 @@ def test_flash_attn_func_window_size_type(kernel, window_size):
 
 
 @pytest.mark.parametrize("name,value", [
-    ("dropout_p", 0.1), ("qv", torch.ones(1)),
+    ("qv", torch.ones(1)),
     ("q_descale", torch.ones(1)), ("k_descale", torch.ones(1)), ("v_descale", torch.ones(1)),
     ("attention_chunk", 128),
 ])
@@ -375,6 +375,18 @@ def test_flash_attn_func_accepts_defaults_and_scheduling_hints(kernel):
                               window_size=(-1, -1), attention_chunk=0, num_splits=1,
                               pack_gqa=True, sm_margin=0)
     assert len(kernel.calls) == 1
+
+
+def test_flash_attn_func_passes_dropout_p(kernel):
+    q, k, v = fa_inputs()
+    flashcute.flash_attn_func(q, k, v, 0.25)  # positional, as FlashAttention's
+    flashcute.flash_attn_func(q, k, v, dropout_p=0.0)
+    assert [c["dropout_p"] for c in kernel.calls] == [0.25, 0.0]
+    for bad, error in ((1.0, ValueError), (-0.1, ValueError), (float("nan"), ValueError),
+                       (True, TypeError), (None, TypeError)):
+        with pytest.raises(error, match=r"^dropout_p: "):
+            flashcute.flash_attn_func(q, k, v, dropout_p=bad)
+    assert len(kernel.calls) == 2
 
 
 def test_flash_attn_func_argument_types(kernel):

@@ -932,8 +932,8 @@ def test_forward_fn_passes_window_and_softcap(monkeypatch) -> None:
 def test_run_loop_times_features_on_flashcute_only(monkeypatch) -> None:
     seen: list[tuple] = []
 
-    def reference(q, k, v, causal, *, window=NO_WINDOW, softcap=0.0, alibi=False):
-        assert alibi is False
+    def reference(q, k, v, causal, *, window=NO_WINDOW, softcap=0.0, alibi=False, dropout=0.0):
+        assert alibi is False and dropout == 0.0
         seen.append((causal, tuple(window), softcap))
         return q
 

@@ -130,7 +130,7 @@ def test_backward_fake_agrees_with_the_real_call():
 def test_meta_tensors_get_shapes():
     q = torch.empty(2, 9, 4, 64, dtype=torch.bfloat16, device="meta")
     k = torch.empty(2, 5, 2, 64, dtype=torch.bfloat16, device="meta")
-    out, lse = torch.ops.flashcute.attention_forward(q, k, k, True, 0.125, None)
+    out, lse, _ = torch.ops.flashcute.attention_forward(q, k, k, True, 0.125, None)
     assert out.shape == q.shape and lse.shape == (2, 4, 9) and lse.dtype == torch.float32
     with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor, got a meta tensor"):
         flashcute.attention(q, k, k)

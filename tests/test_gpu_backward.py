@@ -465,7 +465,7 @@ def test_opcheck_forward_and_backward(gen):
         torch.ops.flashcute.attention_forward.default, (*leaves, False, 0.125, None),
         test_utils=("test_schema", "test_autograd_registration", "test_faketensor"),
     )
-    out, lse = torch.ops.flashcute.attention_forward(q, k, v, True, 0.125, None)
+    out, lse, _ = torch.ops.flashcute.attention_forward(q, k, v, True, 0.125, None)
     torch.library.opcheck(
         torch.ops.flashcute.attention_backward.default,
         (randn_like(gen, q), q, k, v, out, lse, True, 0.125, False, None),
@@ -481,7 +481,7 @@ def test_eager_autograd_route_matches_the_custom_op(gen):
     leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
     op_leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
     out, lse = flashcute.attention(*leaves, causal=True, return_lse=True)
-    op_out, op_lse = torch.ops.flashcute.attention_forward(*op_leaves, True, 0.125, None)
+    op_out, op_lse, _ = torch.ops.flashcute.attention_forward(*op_leaves, True, 0.125, None)
     assert type(out.grad_fn).__name__ != type(op_out.grad_fn).__name__
     assert torch.equal(out, op_out) and torch.equal(lse, op_lse) and not lse.requires_grad
     check_grads(torch.autograd.grad(out, leaves, dout), q, k, v, dout, causal=True)

@@ -645,8 +645,8 @@ def test_fakes_agree_with_the_real_ops(ext, bad, match):
 
 def test_custom_ops_default_to_no_window_and_no_softcap(ext):
     q, k, v, cu_q, cu_k, max_q, max_k = _packed()
-    out, lse = torch.ops.flashcute.attention_varlen_forward(q, k, v, cu_q, cu_k, None, max_q,
-                                                            max_k, False, 0.125, None)
+    out, lse, _ = torch.ops.flashcute.attention_varlen_forward(q, k, v, cu_q, cu_k, None, max_q,
+                                                               max_k, False, 0.125, None)
     assert out.shape == q.shape and lse.shape == (4, 8)
     torch.ops.flashcute.attention_varlen_backward(torch.randn_like(q), q, k, v, out, lse, cu_q,
                                                   cu_k, None, max_q, max_k, False, 0.125, False,
@@ -695,7 +695,7 @@ def test_flash_attn_varlen_func_differentiates(ext):
 
 
 @pytest.mark.parametrize("kwargs,error,match", [
-    (dict(dropout_p=0.1), NotImplementedError, r"^dropout_p: "),
+    (dict(dropout_p=1.0), ValueError, r"^dropout_p: "),
     (dict(block_table=torch.zeros(3, 1, dtype=torch.int32)), NotImplementedError, r"^block_table: "),
     (dict(seqused_q=torch.ones(3, dtype=torch.int32)), NotImplementedError, r"^seqused_q: "),
     (dict(dropout_p="0"), TypeError, r"^dropout_p: "),

@@ -421,7 +421,7 @@ def test_compiled_call_with_out_passes_window_and_softcap(ext):
 
 def test_custom_ops_default_to_no_window_and_no_softcap(ext):
     q, k, v = _qkv()
-    out, lse = torch.ops.flashcute.attention_forward(q, k, v, False, 0.125, None)
+    out, lse, _ = torch.ops.flashcute.attention_forward(q, k, v, False, 0.125, None)
     torch.ops.flashcute.attention_backward(torch.randn_like(q), q, k, v, out, lse, False, 0.125,
                                            False, None)
     for call in ext.of("forward") + ext.of("backward"):

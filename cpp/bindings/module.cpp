@@ -8,6 +8,8 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -15,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "dropout.h"
 #include "flashcute/flashcute.h"
 #include "fwd_tail_split.h"
 #include "hopper/fwd_config.h"
@@ -93,6 +96,25 @@ void set_alibi_slopes(Params& p, const std::optional<Tensor>& slopes, const Tens
     throw nb::value_error("alibi_slopes: expected a tensor on q's device");
   p.alibi_slopes = static_cast<const float*>(s.data());
   p.alibi_slopes_batch_stride = per_batch && s.shape(0) > 1 ? s.stride(0) : 0;
+}
+
+// Dropout into params: p, the seed and offset, or the device pair {seed, offset} (int64 (2,)
+// on q's device) that the kernels read instead.
+template <class Params>
+void set_dropout(Params& p, float dropout_p, uint64_t seed, uint64_t offset, const std::optional<Tensor>& rng_state,
+                 const Tensor& q) {
+  p.dropout_p = dropout_p;
+  p.dropout_seed = seed;
+  p.dropout_offset = offset;
+  if (!rng_state) return;
+  const Tensor& s = *rng_state;
+  if (s.dtype() != nb::dtype<int64_t>())
+    throw nb::type_error(("dropout_rng_state: expected int64, got " + dtype_name(s.dtype())).c_str());
+  if (s.ndim() != 1 || s.shape(0) != 2 || s.stride(0) != 1)
+    throw nb::value_error("dropout_rng_state: expected a contiguous tensor of shape (2,): {seed, offset}");
+  if (s.device_type() != q.device_type() || s.device_id() != q.device_id())
+    throw nb::value_error("dropout_rng_state: expected a tensor on q's device");
+  p.dropout_rng_state = static_cast<const int64_t*>(s.data());
 }
 
 // One q-like or k-like tensor as the params take it: batched (batch, seqlen, heads, headdim),
@@ -196,7 +218,8 @@ void forward(Tensor q, Tensor k, Tensor v, MutableTensor out, std::optional<Muta
              std::optional<MutableTensor> workspace, int64_t window_left, int64_t window_right, float softcap,
              std::optional<Tensor> alibi_slopes, std::optional<Tensor> cu_seqlens_q,
              std::optional<Tensor> cu_seqlens_k, std::optional<Tensor> seqused_k, int64_t max_seqlen_q,
-             int64_t max_seqlen_k) {
+             int64_t max_seqlen_k, float dropout_p, uint64_t dropout_seed, uint64_t dropout_offset,
+             std::optional<Tensor> dropout_rng_state) {
   const Varlen vl(cu_seqlens_q, cu_seqlens_k, seqused_k, q);
   const Rows qr = rows_of(q, vl.packed_q(), "q"), kr = rows_of(k, vl.packed_k(), "k");
   const Rows vr = rows_of(v, vl.packed_k(), "v"), outr = rows_of(out, vl.packed_q(), "out");
@@ -240,6 +263,7 @@ void forward(Tensor q, Tensor k, Tensor v, MutableTensor out, std::optional<Muta
   if (k.dtype() != q.dtype() || v.dtype() != q.dtype() || out.dtype() != q.dtype())
     throw nb::type_error("q, k, v, out: expected one dtype for all four");
   set_alibi_slopes(p, alibi_slopes, q);
+  set_dropout(p, dropout_p, dropout_seed, dropout_offset, dropout_rng_state, q);
 
   flashcute::Status status;
   {
@@ -254,7 +278,8 @@ void backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
               bool causal, bool deterministic, int backend, uintptr_t stream, int64_t window_left,
               int64_t window_right, float softcap, std::optional<Tensor> alibi_slopes,
               std::optional<Tensor> cu_seqlens_q, std::optional<Tensor> cu_seqlens_k,
-              std::optional<Tensor> seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k) {
+              std::optional<Tensor> seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k, float dropout_p,
+              uint64_t dropout_seed, uint64_t dropout_offset, std::optional<Tensor> dropout_rng_state) {
   const Varlen vl(cu_seqlens_q, cu_seqlens_k, seqused_k, q);
   const bool pq = vl.packed_q(), pk = vl.packed_k();
   const Rows qr = rows_of(q, pq, "q"), kr = rows_of(k, pk, "k"), vr = rows_of(v, pk, "v");
@@ -296,6 +321,7 @@ void backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
   p.softcap = softcap;
   p.deterministic = deterministic;
   set_alibi_slopes(p, alibi_slopes, q);
+  set_dropout(p, dropout_p, dropout_seed, dropout_offset, dropout_rng_state, q);
   p.dtype = to_dtype(q.dtype());
   p.device = q.device_id();
   p.stream = reinterpret_cast<cudaStream_t>(stream);
@@ -412,6 +438,21 @@ size_t backward_workspace_size(int64_t batch, int64_t seqlen_q, int64_t seqlen_k
   return bytes;
 }
 
+// Keep bits of the dropout group holding weight (row, key) of slice bh, from flashcute::Dropout
+// as the kernels build it (api.cpp: set_mask_and_hook, dropout.h: Dropout::of).
+uint32_t dropout_keep_bits(int row, int key, int bh, uint64_t seed, uint64_t offset, float dropout_p) {
+  if (row < 0 || key < 0 || bh < 0) throw nb::value_error("row, key, bh: expected values >= 0");
+  if (!(dropout_p >= 0.f && dropout_p < 1.f)) throw nb::value_error("dropout_p: expected a value in [0, 1)");
+  const double threshold = std::nearbyint(static_cast<double>(dropout_p) * 65536.0);
+  flashcute::Dropout d{};
+  d.threshold = static_cast<uint32_t>(std::min(threshold, 65535.0));
+  d.rescale = d.threshold != 0 ? static_cast<float>(1.0 / (1.0 - static_cast<double>(dropout_p))) : 1.f;
+  d.key0 = static_cast<uint32_t>(seed);
+  d.key1 = static_cast<uint32_t>(seed >> 32) ^ static_cast<uint32_t>(offset >> 32);
+  d.offset_lo = static_cast<uint32_t>(offset);
+  return d.keep_bits(row, key, bh);
+}
+
 int device_capability(int device) {
   int capability = 0;
   raise_on_error(flashcute::device_capability(device, &capability));
@@ -430,6 +471,8 @@ NB_MODULE(_C, m) {
         nb::arg("window_right") = -1, nb::arg("softcap") = 0.f, nb::arg("alibi_slopes").none() = nb::none(),
         nb::arg("cu_seqlens_q").none() = nb::none(), nb::arg("cu_seqlens_k").none() = nb::none(),
         nb::arg("seqused_k").none() = nb::none(), nb::arg("max_seqlen_q") = 0, nb::arg("max_seqlen_k") = 0,
+        nb::arg("dropout_p") = 0.f, nb::arg("dropout_seed") = 0, nb::arg("dropout_offset") = 0,
+        nb::arg("dropout_rng_state").none() = nb::none(),
         "Attention forward into out (and lse when given); cu_seqlens_q / cu_seqlens_k make q, out / k, v "
         "packed (total, heads, headdim) and lse (heads, total_q).");
   m.def("forward_workspace_size", &forward_workspace_size, nb::arg("batch"), nb::arg("seqlen_q"),
@@ -446,6 +489,8 @@ NB_MODULE(_C, m) {
         nb::arg("softcap") = 0.f, nb::arg("alibi_slopes").none() = nb::none(),
         nb::arg("cu_seqlens_q").none() = nb::none(), nb::arg("cu_seqlens_k").none() = nb::none(),
         nb::arg("seqused_k").none() = nb::none(), nb::arg("max_seqlen_q") = 0, nb::arg("max_seqlen_k") = 0,
+        nb::arg("dropout_p") = 0.f, nb::arg("dropout_seed") = 0, nb::arg("dropout_offset") = 0,
+        nb::arg("dropout_rng_state").none() = nb::none(),
         "Attention backward into dq, dk, dv; cu_seqlens_q / cu_seqlens_k as in forward().");
   m.def("backward_workspace_size", &backward_workspace_size, nb::arg("batch"), nb::arg("seqlen_q"),
         nb::arg("seqlen_k"), nb::arg("nheads"), nb::arg("nheads_kv"), nb::arg("headdim"),
@@ -461,6 +506,10 @@ NB_MODULE(_C, m) {
   m.def("_forward_packed_heads", &forward_packed_heads, nb::arg("nheads"), nb::arg("nheads_kv"),
         nb::arg("seqlen_q"), nb::arg("seqlen_k"), nb::arg("headdim"), nb::arg("causal"), nb::arg("alibi") = false,
         "Test hook: query heads the Hopper forward packs into a tile's rows (1: none).");
+  m.def("_dropout_keep_bits", &dropout_keep_bits, nb::arg("row"), nb::arg("key"), nb::arg("bh"), nb::arg("seed"),
+        nb::arg("offset"), nb::arg("dropout_p"),
+        "Test hook: the 8 keep bits (bit e: 4 * row bit 3 + 2 * key bit 3 + key bit 0) of the dropout group "
+        "holding weight (row, key) of slice bh = b * nheads + h.");
   m.def("device_capability", &device_capability, nb::arg("device"),
         "Compute capability of a CUDA device as major*10+minor.");
   m.def(

@@ -63,7 +63,9 @@ struct FwdEpilogue {
     using namespace cute;
     const FwdKernelParams& args = params.args;
     Tensor o = convert_fragment<ElementO>(acc_o);
-    const int thread = opaque_consumer_thread();  // (tid, for the offsets below)
+    // At hd 192 and 256 the offsets below are recomputed per tile (opaque_consumer_thread);
+    // smaller head dims keep them live, which saves the recomputation on every tile.
+    const int thread = Traits::kHeadDim >= 192 ? opaque_consumer_thread() : tid;
 
     Tensor sO = make_tensor(make_smem_ptr(o_buffer()), typename Traits::SmemLayoutO{})(_, _, consumer);
     auto smem_copy = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, typename Traits::TiledMmaPV{});

@@ -9,7 +9,9 @@ packed batches of sequences of different lengths. ``flashcute.sdpa``,
 FlashAttention's signatures and layouts;
 ``flashcute.integrations.transformers`` plugs into Hugging Face transformers.
 ``flashcute.reference`` is a plain-PyTorch implementation
-of the same semantics for testing. ``import flashcute`` and ``flashcute.reference`` work even
+of the same semantics for testing, and ``flashcute.testing`` gives the exact dropout mask of a
+seed and offset; ``flashcute.dropout_rng_state`` draws a dropout seed and offset from torch's
+generator. ``import flashcute`` and ``flashcute.reference`` work even
 when the compiled extension ``flashcute._C`` is missing; ``attention`` and ``build_info``
 then raise ImportError.
 """
@@ -22,6 +24,7 @@ from types import ModuleType
 
 from ._build_info import build_info
 from ._version import package_version as _package_version
+from ._dropout import dropout_rng_state
 from .attention import attention
 from .backward import attention_backward
 from .flash_attn_compat import flash_attn_func, flash_attn_varlen_func
@@ -32,8 +35,8 @@ __version__: str = _package_version()
 
 __all__ = [
     "__version__", "attention", "attention_backward", "attention_varlen",
-    "attention_varlen_backward", "build_info", "cmake_prefix_path", "flash_attn_func",
-    "flash_attn_varlen_func", "reference", "sdpa",
+    "attention_varlen_backward", "build_info", "cmake_prefix_path", "dropout_rng_state",
+    "flash_attn_func", "flash_attn_varlen_func", "reference", "sdpa", "testing",
 ]
 
 
@@ -50,7 +53,7 @@ def cmake_prefix_path() -> str:
 
 
 def __getattr__(name: str) -> ModuleType:
-    # flashcute.reference needs torch; import it only when it is asked for.
-    if name == "reference":
+    # flashcute.reference and flashcute.testing need torch; import them only when asked for.
+    if name in ("reference", "testing"):
         return importlib.import_module(".reference", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

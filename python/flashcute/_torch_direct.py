@@ -25,6 +25,7 @@ from torch.utils.dlpack import to_dlpack
 
 from ._build_info import load_extension
 from ._dispatch import choose_backend, choose_backward_backend
+from ._dropout import NO_DROPOUT, Dropout, launch_kwargs
 from ._validate import ForwardProblem, validate_forward
 from ._validate_backward import validate_backward
 from ._validate_varlen import VarlenProblem
@@ -70,21 +71,24 @@ def _stream(device: int) -> int:
 def _signature(
     q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor], causal: bool,
     softmax_scale: Optional[float], backend: Optional[str], window: tuple[int, int],
-    softcap: float, alibi_slopes: Optional[Tensor],
+    softcap: float, alibi_slopes: Optional[Tensor], dropout_p: float,
+    dropout_rng_state: Optional[Tensor],
 ) -> tuple[Any, ...]:
     return ("forward", _layout(q), _layout(k), _layout(v), _layout(out), causal, softmax_scale,
-            backend, window, softcap, _layout(alibi_slopes))
+            backend, window, softcap, _layout(alibi_slopes), dropout_p, _layout(dropout_rng_state))
 
 
 def _plan(
     q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor], causal: bool,
     softmax_scale: Optional[float], backend: Optional[str], window: tuple[int, int],
-    softcap: float, alibi_slopes: Optional[Tensor],
+    softcap: float, alibi_slopes: Optional[Tensor], dropout_p: float = 0.0,
+    dropout_rng_state: Optional[Tensor] = None,
 ) -> _Plan:
     ext = load_extension()  # a missing extension is reported before any argument
     problem = validate_forward(
         q, k, v, out, causal=causal, softmax_scale=softmax_scale, backend=backend,
-        window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+        window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+        dropout_rng_state=dropout_rng_state,
     )
     capability = int(ext.device_capability(problem.device_id))
     code = choose_backend(
@@ -92,6 +96,11 @@ def _plan(
     )
     workspace_bytes = 0 if problem.empty_output else forward_workspace_bytes(ext, problem, causal, code)
     return _Plan(problem, code, workspace_bytes)
+
+
+def dropout_capsule(dropout: Dropout, rng_state: Optional[Tensor]) -> Any:
+    """The rng state as the extension reads it, where the launch uses one."""
+    return to_dlpack(rng_state) if dropout.active and rng_state is not None else None
 
 
 def _capsule(x: Tensor) -> Any:
@@ -131,26 +140,33 @@ def attention(
     q: Tensor, k: Tensor, v: Tensor, *, causal: bool, softmax_scale: Optional[float],
     return_lse: bool, backend: Optional[str], out: Optional[Tensor] = None,
     window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
-    alibi_slopes: Optional[Tensor] = None,
+    alibi_slopes: Optional[Tensor] = None, dropout: Dropout = NO_DROPOUT,
+    dropout_rng_state: Optional[Tensor] = None,
 ) -> Any:
     """The output (``out`` when given; and lse) of a call nothing watches; scalar arguments
-    already type-checked (``window`` as ``kernel_window`` returns it). Raises what
-    ``attention_dlpack`` raises for the same arguments."""
-    key = _signature(q, k, v, out, causal, softmax_scale, backend, window, softcap, alibi_slopes)
+    already type-checked (``window`` as ``kernel_window`` returns it). With dropout the
+    kernels take the explicit seed and offset, or read ``dropout_rng_state`` (drawn by the
+    caller: this function draws nothing). Raises what ``attention_dlpack`` raises for the
+    same arguments."""
+    key = _signature(q, k, v, out, causal, softmax_scale, backend, window, softcap, alibi_slopes,
+                     dropout.p, dropout_rng_state)
     plan = _plans.get(key)
     if plan is None:
-        plan = _plan(q, k, v, out, causal, softmax_scale, backend, window, softcap, alibi_slopes)
+        plan = _plan(q, k, v, out, causal, softmax_scale, backend, window, softcap, alibi_slopes,
+                     dropout.p, dropout_rng_state)
         _keep(key, plan)
     problem = plan.problem
     out, lse, workspace = _forward_buffers(q, plan, out, return_lse)
     if not problem.empty_output:
-        load_extension().forward(
+        ext = load_extension()
+        ext.forward(
             _capsule(q), _capsule(k), _capsule(v), _capsule(out),
             to_dlpack(lse) if lse is not None else None, problem.scale, causal,
             plan.backend_code, _stream(problem.device_id),
             to_dlpack(workspace) if workspace is not None else None,
             problem.window_left, problem.window_right, problem.softcap,
             _capsule(alibi_slopes) if alibi_slopes is not None else None,
+            **launch_kwargs(ext, dropout, dropout_capsule(dropout, dropout_rng_state)),
         )
     return (out, lse) if return_lse else out
 
@@ -159,13 +175,14 @@ def _backward_plan(
     tensors: tuple[Tensor, ...], grads: tuple[Optional[Tensor], ...], causal: bool,
     softmax_scale: Optional[float], deterministic: bool, backend: Optional[str],
     window: tuple[int, int], softcap: float, alibi_slopes: Optional[Tensor],
+    dropout_p: float = 0.0, dropout_rng_state: Optional[Tensor] = None,
 ) -> _Plan:
     ext = load_extension()
     dq, dk, dv = grads
     problem = validate_backward(
         *tensors, dq=dq, dk=dk, dv=dv, causal=causal, softmax_scale=softmax_scale,
         deterministic=deterministic, backend=backend, window=window, softcap=softcap,
-        alibi_slopes=alibi_slopes,
+        alibi_slopes=alibi_slopes, dropout_p=dropout_p, dropout_rng_state=dropout_rng_state,
     )
     capability = int(ext.device_capability(problem.device_id))
     code = choose_backward_backend(
@@ -185,29 +202,34 @@ def attention_backward(
     softmax_scale: Optional[float], deterministic: bool, backend: Optional[str],
     dq: Optional[Tensor] = None, dk: Optional[Tensor] = None, dv: Optional[Tensor] = None,
     window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
-    alibi_slopes: Optional[Tensor] = None,
+    alibi_slopes: Optional[Tensor] = None, dropout: Dropout = NO_DROPOUT,
+    dropout_rng_state: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv) of a backward call nothing watches: the given buffers or new tensors.
+    """(dq, dk, dv) of a backward call nothing watches: the given buffers or new tensors; with
+    dropout, the forward's explicit seed and offset or its ``dropout_rng_state``.
     Raises what ``flashcute.backward.attention_backward`` raises for the same arguments."""
     tensors = (dout, q, k, v, out, lse)
     grads = (dq, dk, dv)
     key = (
         "backward", *(_layout(x) for x in tensors), *(_layout(g) for g in grads),
         causal, softmax_scale, deterministic, backend, window, softcap, _layout(alibi_slopes),
+        dropout.p, _layout(dropout_rng_state),
     )
     plan = _plans.get(key)
     if plan is None:
         plan = _backward_plan(
             tensors, grads, causal, softmax_scale, deterministic, backend, window, softcap,
-            alibi_slopes,
+            alibi_slopes, dropout.p, dropout_rng_state,
         )
         _keep(key, plan)
     problem = plan.problem
     dq, dk, dv, workspace = _gradient_buffers(q, plan, dq, dk, dv)
-    load_extension().backward(
+    ext = load_extension()
+    ext.backward(
         *(_capsule(x) for x in (*tensors, dq, dk, dv)), to_dlpack(workspace),
         problem.scale, causal, deterministic, plan.backend_code, _stream(problem.device_id),
         problem.window_left, problem.window_right, problem.softcap,
         _capsule(alibi_slopes) if alibi_slopes is not None else None,
+        **launch_kwargs(ext, dropout, dropout_capsule(dropout, dropout_rng_state)),
     )
     return dq, dk, dv

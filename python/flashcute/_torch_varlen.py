@@ -21,8 +21,10 @@ from torch.utils.dlpack import to_dlpack
 
 from . import _torch_ops
 from ._dispatch import choose_backend, choose_backward_backend
+from ._dropout import NO_DROPOUT, Dropout, launch_kwargs, rng_state_for
 from ._torch_direct import (
     _capsule,
+    dropout_capsule,
     _forward_buffers,
     _gradient_buffers,
     _keep,
@@ -55,19 +57,23 @@ def forward(
     max_seqlen_q: int, max_seqlen_k: int, *, seqused_k: Optional[Tensor], causal: bool,
     softmax_scale: Optional[float], return_lse: bool, backend: Optional[str],
     out: Optional[Tensor] = None, window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
-    alibi_slopes: Optional[Tensor] = None,
+    alibi_slopes: Optional[Tensor] = None, dropout: Dropout = NO_DROPOUT,
+    dropout_rng_state: Optional[Tensor] = None,
 ) -> Any:
-    """The output (``out`` when given; and lse) of a call nothing watches."""
+    """The output (``out`` when given; and lse) of a call nothing watches; with dropout, the
+    explicit seed and offset or ``dropout_rng_state`` (nothing is drawn here)."""
     key = ("varlen_forward", _layout(q), _layout(k), _layout(v), _layout(out),
            _layout(cu_seqlens_q), _layout(cu_seqlens_k), _layout(seqused_k), max_seqlen_q,
-           max_seqlen_k, causal, softmax_scale, backend, window, softcap, _layout(alibi_slopes))
+           max_seqlen_k, causal, softmax_scale, backend, window, softcap, _layout(alibi_slopes),
+           dropout.p, _layout(dropout_rng_state))
     plan = _plans.get(key)
     if plan is None:
         ext = varlen_extension()
         problem = validate_varlen(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out,
             seqused_k=seqused_k, causal=causal, softmax_scale=softmax_scale, backend=backend,
-            window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+            window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout.p,
+            dropout_rng_state=dropout_rng_state,
         )
         code = choose_backend(backend, int(ext.device_capability(problem.device_id)),
                               headdim=problem.headdim, dtype=problem.dtype,
@@ -78,13 +84,15 @@ def forward(
     problem = plan.problem
     out, lse, workspace = _forward_buffers(q, plan, out, return_lse)
     if not problem.empty_output:
-        varlen_extension().forward(
+        ext = varlen_extension()
+        ext.forward(
             _capsule(q), _capsule(k), _capsule(v), _capsule(out), _optional_capsule(lse),
             problem.scale, causal, plan.backend_code, _stream(problem.device_id),
             _optional_capsule(workspace), problem.window_left, problem.window_right,
             problem.softcap, _optional_capsule(alibi_slopes), to_dlpack(cu_seqlens_q),
             to_dlpack(cu_seqlens_k), _optional_capsule(seqused_k), problem.max_seqlen_q,
             problem.max_seqlen_k,
+            **launch_kwargs(ext, dropout, dropout_capsule(dropout, dropout_rng_state)),
         )
     return (out, lse) if return_lse else out
 
@@ -96,13 +104,14 @@ def backward(
     deterministic: bool, backend: Optional[str], dq: Optional[Tensor] = None,
     dk: Optional[Tensor] = None, dv: Optional[Tensor] = None,
     window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
-    alibi_slopes: Optional[Tensor] = None,
+    alibi_slopes: Optional[Tensor] = None, dropout: Dropout = NO_DROPOUT,
+    dropout_rng_state: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of a backward call nothing watches: the given buffers or new tensors."""
     tensors = (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, dq, dk, dv,
-               alibi_slopes)
+               alibi_slopes, dropout_rng_state)
     key = ("varlen_backward", *(_layout(x) for x in tensors), max_seqlen_q, max_seqlen_k,
-           causal, softmax_scale, deterministic, backend, window, softcap)
+           causal, softmax_scale, deterministic, backend, window, softcap, dropout.p)
     plan = _plans.get(key)
     if plan is None:
         ext = varlen_extension()
@@ -110,7 +119,8 @@ def backward(
             dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
             seqused_k=seqused_k, dq=dq, dk=dk, dv=dv, causal=causal,
             softmax_scale=softmax_scale, deterministic=deterministic, backend=backend,
-            window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+            window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout.p,
+            dropout_rng_state=dropout_rng_state,
         )
         code = choose_backward_backend(
             backend, int(ext.device_capability(problem.device_id)), headdim=problem.headdim,
@@ -120,12 +130,14 @@ def backward(
         _keep(key, plan)
     problem = plan.problem
     dq, dk, dv, workspace = _gradient_buffers(q, plan, dq, dk, dv)
-    varlen_extension().backward(
+    ext = varlen_extension()
+    ext.backward(
         *(_capsule(x) for x in (dout, q, k, v, out, lse, dq, dk, dv)), to_dlpack(workspace),
         problem.scale, causal, deterministic, plan.backend_code, _stream(problem.device_id),
         problem.window_left, problem.window_right, problem.softcap,
         _optional_capsule(alibi_slopes), to_dlpack(cu_seqlens_q), to_dlpack(cu_seqlens_k),
         _optional_capsule(seqused_k), problem.max_seqlen_q, problem.max_seqlen_k,
+        **launch_kwargs(ext, dropout, dropout_capsule(dropout, dropout_rng_state)),
     )
     return dq, dk, dv
 
@@ -148,7 +160,8 @@ def _fake_problem(
     q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
     seqused_k: Optional[Tensor], max_seqlen_q: Any, max_seqlen_k: Any, out: Optional[Tensor],
     causal: bool, backend: Optional[str], softmax_scale: Any, window_left: Any, window_right: Any,
-    softcap: Any, alibi_slopes: Optional[Tensor],
+    softcap: Any, alibi_slopes: Optional[Tensor], dropout: Dropout = NO_DROPOUT,
+    dropout_rng_state: Optional[Tensor] = None,
 ) -> VarlenProblem:
     """The real forward's checks, run while tracing (device checks only on CUDA inputs)."""
     max_q, max_k, scale, window, cap = _concrete(
@@ -157,7 +170,7 @@ def _fake_problem(
     problem, infos = varlen_problem(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, out, seqused_k=seqused_k,
         causal=causal, softmax_scale=scale, backend=backend, window=window, softcap=cap,
-        alibi_slopes=alibi_slopes,
+        alibi_slopes=alibi_slopes, dropout_p=dropout.p, dropout_rng_state=dropout_rng_state,
     )
     _torch_ops._fake_device_checks(q, infos, lambda capability: choose_backend(
         backend, capability, headdim=problem.headdim, dtype=problem.dtype,
@@ -165,22 +178,31 @@ def _fake_problem(
     return problem
 
 
-@torch.library.custom_op("flashcute::attention_varlen_forward", mutates_args=())
+@torch.library.custom_op("flashcute::attention_varlen_forward", mutates_args=(),
+                         tags=_torch_ops._RANDOM)
 def attention_varlen_forward(
     q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
     seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, causal: bool,
     softmax_scale: float, backend: Optional[str], deterministic: bool = False,
     window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
-    alibi_slopes: Optional[Tensor] = None,
-) -> tuple[Tensor, Tensor]:
-    """(out, lse) of a variable-length forward: out (total_q, nheads, headdim), lse
-    (nheads, total_q). ``deterministic`` asks the autograd formula for a bitwise reproducible
-    backward; the ALiBi slopes are not differentiated."""
-    return forward(
+    alibi_slopes: Optional[Tensor] = None, dropout_p: float = 0.0,
+    dropout_seed: Optional[int] = None, dropout_offset: Optional[int] = None,
+    dropout_rng_state: Optional[Tensor] = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(out, lse, rng_state) of a variable-length forward: out (total_q, nheads, headdim), lse
+    (nheads, total_q), and the dropout rng state the op drew (empty where it drew none), as
+    ``flashcute::attention_forward``. ``deterministic`` asks the autograd formula for a
+    bitwise reproducible backward; the ALiBi slopes are not differentiated."""
+    dropout = _torch_ops._op_dropout(dropout_p, dropout_seed, dropout_offset, dropout_rng_state,
+                                     draws=True)
+    state = rng_state_for(q, dropout, dropout_rng_state)
+    out, lse = forward(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=seqused_k,
         causal=causal, softmax_scale=softmax_scale, return_lse=True, backend=backend,
         window=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,
+        dropout=dropout, dropout_rng_state=state,
     )
+    return out, lse, _torch_ops.drawn_state(q, state, dropout_rng_state)
 
 
 @attention_varlen_forward.register_fake
@@ -188,26 +210,37 @@ def _(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tenso
       seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, causal: bool,
       softmax_scale: float, backend: Optional[str], deterministic: bool = False,
       window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
-      alibi_slopes: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+      alibi_slopes: Optional[Tensor] = None, dropout_p: float = 0.0,
+      dropout_seed: Optional[int] = None, dropout_offset: Optional[int] = None,
+      dropout_rng_state: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
+    dropout = _torch_ops._op_dropout(dropout_p, dropout_seed, dropout_offset, dropout_rng_state,
+                                     draws=True)
     problem = _fake_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                             max_seqlen_k, None, causal, backend, softmax_scale, window_left,
-                            window_right, softcap, alibi_slopes)
-    return q.new_empty(problem.out_shape), q.new_empty(problem.lse_shape, dtype=torch.float32)
+                            window_right, softcap, alibi_slopes, dropout, dropout_rng_state)
+    return (q.new_empty(problem.out_shape), q.new_empty(problem.lse_shape, dtype=torch.float32),
+            _torch_ops.fake_drawn_state(q, dropout, dropout_rng_state))
 
 
-@torch.library.custom_op("flashcute::attention_varlen_forward_out", mutates_args=("out",))
+@torch.library.custom_op("flashcute::attention_varlen_forward_out", mutates_args=("out",),
+                         tags=_torch_ops._RANDOM)
 def attention_varlen_forward_out(
     q: Tensor, k: Tensor, v: Tensor, out: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
     seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, causal: bool,
     softmax_scale: float, backend: Optional[str], window_left: int = -1, window_right: int = -1,
-    softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
+    softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None, dropout_p: float = 0.0,
+    dropout_seed: Optional[int] = None, dropout_offset: Optional[int] = None,
+    dropout_rng_state: Optional[Tensor] = None,
 ) -> Tensor:
     """Writes a variable-length forward's output into ``out`` and returns lse (calls with
     ``out=`` that something watches; not differentiable)."""
+    dropout = _torch_ops._op_dropout(dropout_p, dropout_seed, dropout_offset, dropout_rng_state,
+                                     draws=True)
     _, lse = forward(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=seqused_k,
         causal=causal, softmax_scale=softmax_scale, return_lse=True, backend=backend, out=out,
         window=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,
+        dropout=dropout, dropout_rng_state=rng_state_for(q, dropout, dropout_rng_state),
     )
     return lse
 
@@ -216,10 +249,14 @@ def attention_varlen_forward_out(
 def _(q: Tensor, k: Tensor, v: Tensor, out: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
       seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, causal: bool,
       softmax_scale: float, backend: Optional[str], window_left: int = -1, window_right: int = -1,
-      softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None) -> Tensor:
+      softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None, dropout_p: float = 0.0,
+      dropout_seed: Optional[int] = None, dropout_offset: Optional[int] = None,
+      dropout_rng_state: Optional[Tensor] = None) -> Tensor:
+    dropout = _torch_ops._op_dropout(dropout_p, dropout_seed, dropout_offset, dropout_rng_state,
+                                     draws=True)
     problem = _fake_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                             max_seqlen_k, out, causal, backend, softmax_scale, window_left,
-                            window_right, softcap, alibi_slopes)
+                            window_right, softcap, alibi_slopes, dropout, dropout_rng_state)
     return q.new_empty(problem.lse_shape, dtype=torch.float32)
 
 
@@ -229,14 +266,19 @@ def attention_varlen_backward(
     cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqused_k: Optional[Tensor], max_seqlen_q: int,
     max_seqlen_k: int, causal: bool, softmax_scale: float, deterministic: bool,
     backend: Optional[str], window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
-    alibi_slopes: Optional[Tensor] = None,
+    alibi_slopes: Optional[Tensor] = None, dropout_p: float = 0.0,
+    dropout_seed: Optional[int] = None, dropout_offset: Optional[int] = None,
+    dropout_rng_state: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of a variable-length backward, each contiguous."""
+    dropout = _torch_ops._op_dropout(dropout_p, dropout_seed, dropout_offset, dropout_rng_state,
+                                     draws=False)
     return backward(
         kernel_layout(dout), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
         max_seqlen_k, seqused_k=seqused_k, causal=causal, softmax_scale=softmax_scale,
         deterministic=deterministic, backend=backend, window=(window_left, window_right),
-        softcap=softcap, alibi_slopes=alibi_slopes,
+        softcap=softcap, alibi_slopes=alibi_slopes, dropout=dropout,
+        dropout_rng_state=dropout_rng_state,
     )
 
 
@@ -245,14 +287,19 @@ def _(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
       cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqused_k: Optional[Tensor], max_seqlen_q: int,
       max_seqlen_k: int, causal: bool, softmax_scale: float, deterministic: bool,
       backend: Optional[str], window_left: int = -1, window_right: int = -1,
-      softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
+      softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None, dropout_p: float = 0.0,
+      dropout_seed: Optional[int] = None, dropout_offset: Optional[int] = None,
+      dropout_rng_state: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
     max_q, max_k, scale, window, cap = _concrete(
         max_seqlen_q, max_seqlen_k, softmax_scale, window_left, window_right, softcap
     )
+    dropout = _torch_ops._op_dropout(dropout_p, dropout_seed, dropout_offset, dropout_rng_state,
+                                     draws=False)
     problem, infos = varlen_backward_problem(
         dout.new_empty(dout.shape), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_q, max_k,
         seqused_k=seqused_k, causal=causal, softmax_scale=scale, deterministic=deterministic,
         backend=backend, window=window, softcap=cap, alibi_slopes=alibi_slopes,
+        dropout_p=dropout.p, dropout_rng_state=dropout_rng_state,
     )
     _torch_ops._fake_device_checks(q, infos, lambda capability: choose_backward_backend(
         backend, capability, headdim=problem.headdim, dtype=problem.dtype,
@@ -260,23 +307,30 @@ def _(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     return q.new_empty(q.shape), q.new_empty(k.shape), q.new_empty(v.shape)
 
 
-def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+def _setup_context(
+    ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor, Tensor]
+) -> None:
     (q, k, v, cu_q, cu_k, used, max_q, max_k, causal, scale, backend, deterministic, left, right,
-     softcap, slopes) = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used, slopes)
+     softcap, slopes, dropout_p, seed, offset, given) = inputs
+    out, lse, drawn = output
+    dropout = _torch_ops._op_dropout(dropout_p, seed, offset, given, draws=True)
+    state = _torch_ops.backward_state(dropout, given, drawn)
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used, slopes, state)
     ctx.sizes = (max_q, max_k)
-    save_options(ctx, lse, causal, scale, (left, right), softcap, deterministic, backend)
+    save_options(ctx, lse, causal, scale, (left, right), softcap, deterministic, backend, dropout)
 
 
-def _backward(ctx: Any, dout: Tensor, _dlse: Optional[Tensor]) -> tuple[Any, ...]:
-    q, k, v, out, lse, cu_q, cu_k, used, slopes = ctx.saved_tensors
+def _backward(
+    ctx: Any, dout: Tensor, _dlse: Optional[Tensor], _dstate: Optional[Tensor]
+) -> tuple[Any, ...]:
+    q, k, v, out, lse, cu_q, cu_k, used, slopes, state = ctx.saved_tensors
+    dropout: Dropout = ctx.dropout
     dq, dk, dv = attention_varlen_backward(
         dout, q, k, v, out, lse, cu_q, cu_k, used, *ctx.sizes, ctx.causal, ctx.softmax_scale,
         ctx.deterministic or torch.are_deterministic_algorithms_enabled(), ctx.backend,
-        *ctx.window, ctx.softcap, slopes,
+        *ctx.window, ctx.softcap, slopes, dropout.p, dropout.seed, dropout.offset, state,
     )
-    return (dq, dk, dv) + (None,) * 13
+    return (dq, dk, dv) + (None,) * 17
 
 
 attention_varlen_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -292,29 +346,33 @@ class _AttentionVarlen(torch.autograd.Function):
         ctx: Any, q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor,
         used: Optional[Tensor], max_q: int, max_k: int, causal: bool,
         softmax_scale: Optional[float], backend: Optional[str], deterministic: bool,
-        window: tuple[int, int], softcap: float, slopes: Optional[Tensor],
+        window: tuple[int, int], softcap: float, slopes: Optional[Tensor], dropout: Dropout,
+        given: Optional[Tensor],
     ) -> tuple[Tensor, Tensor]:
+        state = rng_state_for(q, dropout, given)
         out, lse = forward(
             q, k, v, cu_q, cu_k, max_q, max_k, seqused_k=used, causal=causal,
             softmax_scale=softmax_scale, return_lse=True, backend=backend, window=window,
-            softcap=softcap, alibi_slopes=slopes,
+            softcap=softcap, alibi_slopes=slopes, dropout=dropout, dropout_rng_state=state,
         )
-        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used, slopes)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used, slopes, state)
         ctx.sizes = (max_q, max_k)
-        save_options(ctx, lse, causal, softmax_scale, window, softcap, deterministic, backend)
+        save_options(ctx, lse, causal, softmax_scale, window, softcap, deterministic, backend,
+                     dropout)
         return out, lse
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, dout: Tensor, _dlse: Optional[Tensor]) -> tuple[Any, ...]:  # type: ignore[override]
-        q, k, v, out, lse, cu_q, cu_k, used, slopes = ctx.saved_tensors
+        q, k, v, out, lse, cu_q, cu_k, used, slopes, state = ctx.saved_tensors
         dq, dk, dv = backward(
             kernel_layout(dout), q, k, v, out, lse, cu_q, cu_k, *ctx.sizes, seqused_k=used,
             causal=ctx.causal, softmax_scale=ctx.softmax_scale,
             deterministic=ctx.deterministic or torch.are_deterministic_algorithms_enabled(),
             backend=ctx.backend, window=ctx.window, softcap=ctx.softcap, alibi_slopes=slopes,
+            dropout=ctx.dropout, dropout_rng_state=state,
         )
-        return (dq, dk, dv) + (None,) * 12
+        return (dq, dk, dv) + (None,) * 14
 
 
 # ---------------------------------------------------------------------------------------------
@@ -336,36 +394,45 @@ def attention(
     softmax_scale: Optional[float], return_lse: bool, backend: Optional[str],
     out: Optional[Tensor] = None, deterministic: bool = False,
     window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
-    alibi_slopes: Optional[Tensor] = None,
+    alibi_slopes: Optional[Tensor] = None, dropout: Dropout = NO_DROPOUT,
+    dropout_rng_state: Optional[Tensor] = None,
 ) -> Any:
-    """The torch route of ``attention_varlen`` (scalar arguments already checked)."""
+    """The torch route of ``attention_varlen`` (scalar arguments already checked); dropout
+    without an explicit seed or rng state draws one as ``_torch_ops.attention`` does."""
     left, right = window
-    watched = [x for x in (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, out, alibi_slopes)
-               if x is not None]
+    # Drawn here, before any custom op runs: a traced call then holds a draw of its own, and a
+    # compiler cannot merge two calls with equal inputs into one mask.
+    dropout_rng_state = rng_state_for(q, dropout, dropout_rng_state)
+    watched = [x for x in (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, out, alibi_slopes,
+                           dropout_rng_state) if x is not None]
     how = _torch_ops.route(*watched)
+    drop = (dropout.p, dropout.seed, dropout.offset, dropout_rng_state)
     if out is not None:
         if how != "direct":
             lse = attention_varlen_forward_out(
                 q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                 causal, _scale(q, softmax_scale), backend, left, right, softcap, alibi_slopes,
+                *drop,
             )
             return (out, lse) if return_lse else out
     elif q.dim() == 3:
         if how == "custom_op":
-            result, lse = attention_varlen_forward(
+            result, lse, _ = attention_varlen_forward(
                 q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                 causal, _scale(q, softmax_scale), backend, deterministic, left, right, softcap,
-                alibi_slopes,
+                alibi_slopes, *drop,
             )
             return (result, lse) if return_lse else result
         if how == "autograd":
             result, lse = _AttentionVarlen.apply(
                 q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                 causal, softmax_scale, backend, deterministic, window, softcap, alibi_slopes,
+                dropout, dropout_rng_state,
             )
             return (result, lse) if return_lse else result
     return forward(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=seqused_k,
         causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, backend=backend,
-        out=out, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+        out=out, window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout=dropout,
+        dropout_rng_state=rng_state_for(q, dropout, dropout_rng_state),
     )

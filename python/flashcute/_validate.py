@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from ._build_info import BACKEND_NAMES, backend_support, load_extension
 from ._dispatch import kernel_head_dim_pair, pairs_text
+from ._dropout import check_dropout_p, check_rng_state_info
 from ._frameworks import framework_of, is_dlpack
 
 SUPPORTED_DTYPES = ("float16", "bfloat16")
@@ -71,6 +72,7 @@ class ForwardProblem:
     window_right: int = -1
     softcap: float = 0.0  # 0: off
     alibi: bool = False  # ALiBi slopes given (checked against batch and nheads)
+    dropout_p: float = 0.0  # 0: off
     headdim_v: int = 0  # v's (and out's) head dim; 0: headdim
 
     @property
@@ -433,6 +435,8 @@ def validate_forward(
     window: Any = (-1, -1),
     softcap: Any = 0.0,
     alibi_slopes: Any = None,
+    dropout_p: Any = 0.0,
+    dropout_rng_state: Any = None,
 ) -> ForwardProblem:
     """Check the arguments of an attention forward call and describe the problem.
 
@@ -448,6 +452,8 @@ def validate_forward(
         softcap: finite float >= 0 (0: off) that works with the scale in float32.
         alibi_slopes: None, or a float32 (nheads,) or (batch, nheads) DLPack tensor with unit
             stride over heads, on q's device.
+        dropout_p: float in [0, 1) (0: off).
+        dropout_rng_state: None, or a contiguous int64 (2,) DLPack tensor on q's device.
 
     Every tensor needs unit stride in the headdim dimension, positive strides elsewhere and
     must live on one CUDA device. Zero batch, sequence length or head count is valid.
@@ -460,12 +466,13 @@ def validate_forward(
         TypeError: a non-DLPack argument, wrong dtypes, a non-bool causal, a window or
             softcap of the wrong type.
         ValueError: wrong ranks, shapes, strides, devices, head dim, scale, window, softcap,
-            ALiBi slopes or backend name.
+            ALiBi slopes, dropout_p, dropout_rng_state or backend name.
         ImportError: the compiled extension is missing.
     """
     problem, infos = forward_problem(
         q, k, v, out, causal=causal, softmax_scale=softmax_scale, backend=backend,
-        window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+        window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+        dropout_rng_state=dropout_rng_state,
     )
     _check_devices(infos[0], infos[1:])
     return problem
@@ -496,14 +503,29 @@ def _alibi_infos(
     return [info]
 
 
+def rng_state_infos(
+    dropout_rng_state: Any, inspect: Callable[[str, Any], _Info] = _inspect
+) -> list[_Info]:
+    """The dropout rng state's info, checked (int64, (2,), contiguous), in a list (empty
+    without one) to append to the infos of the device check, as ``_alibi_infos``."""
+    if dropout_rng_state is None:
+        return []
+    info = inspect("dropout_rng_state", dropout_rng_state)
+    check_rng_state_info(info)
+    return [info]
+
+
 def forward_problem(
     q: Any, k: Any, v: Any, out: Any = None, *, causal: Any, softmax_scale: Any, backend: Any,
-    window: Any = (-1, -1), softcap: Any = 0.0, alibi_slopes: Any = None, backward: bool = False,
+    window: Any = (-1, -1), softcap: Any = 0.0, alibi_slopes: Any = None, dropout_p: Any = 0.0,
+    dropout_rng_state: Any = None, backward: bool = False,
 ) -> tuple[ForwardProblem, list[_Info]]:
     """``validate_forward`` without its last check (devices): the problem and the tensors'
-    infos, q's first (the slopes' last), for callers that add tensors of their own before
-    checking devices. ``backward``: a v head dim of its own needs a backward kernel."""
+    infos, q's first (the slopes' and the dropout rng state's last), for callers that add
+    tensors of their own before checking devices. ``backward``: a v head dim of its own
+    needs a backward kernel."""
     check_scalars(causal, softmax_scale, backend, window, softcap)
+    dropout = check_dropout_p(dropout_p)
     tensors = {"q": q, "k": k, "v": v}
     if out is not None:
         tensors["out"] = out
@@ -520,7 +542,7 @@ def forward_problem(
     for info in infos.values():
         _check_strides(info)
     scale, cap, window_left, window_right = _resolve_scalars(headdim, softmax_scale, softcap, window)
-    slopes = _alibi_infos(alibi_slopes, batch, nheads)
+    slopes = _alibi_infos(alibi_slopes, batch, nheads) + rng_state_infos(dropout_rng_state)
     problem = ForwardProblem(
         batch=batch,
         seqlen_q=seqlen_q,
@@ -535,6 +557,7 @@ def forward_problem(
         window_right=window_right,
         softcap=cap,
         alibi=alibi_slopes is not None,
+        dropout_p=dropout,
         headdim_v=vi.shape[-1],
     )
     return problem, [qi, *others, *slopes]

@@ -87,6 +87,8 @@ def backward_problem(
     window: Any = (-1, -1),
     softcap: Any = 0.0,
     alibi_slopes: Any = None,
+    dropout_p: Any = 0.0,
+    dropout_rng_state: Any = None,
 ) -> tuple[ForwardProblem, list[_Info]]:
     """``validate_backward`` without its last check (devices): the problem and the tensors'
     infos, q's first, for the fake implementation of the backward custom op."""
@@ -95,7 +97,8 @@ def backward_problem(
         raise TypeError("out: expected the forward's output, got None")
     problem, forward_infos = forward_problem(
         q, k, v, out, causal=causal, softmax_scale=softmax_scale, backend=backend,
-        window=window, softcap=softcap, alibi_slopes=alibi_slopes, backward=True,
+        window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+        dropout_rng_state=dropout_rng_state, backward=True,
     )
     infos = gradient_infos(dout, dq, dk, dv)
     for info in infos:
@@ -131,13 +134,15 @@ def validate_backward(
     window: Any = (-1, -1),
     softcap: Any = 0.0,
     alibi_slopes: Any = None,
+    dropout_p: Any = 0.0,
+    dropout_rng_state: Any = None,
 ) -> ForwardProblem:
     """Check the arguments of an attention backward call and describe the problem.
 
     q, k, v, out follow the forward's rules (see ``validate_forward``); dq has q's shape, dout
     out's, dk k's and dv v's, all in q's dtype on q's device with unit headdim stride; lse
     is the forward's float32 (batch, nheads, seqlen_q) log-sum-exp with unit last stride;
-    alibi_slopes follows the forward's rules.
+    alibi_slopes, dropout_p and dropout_rng_state follow the forward's rules.
 
     Raises:
         TypeError: a non-DLPack argument, wrong dtypes, a non-bool flag.
@@ -148,7 +153,8 @@ def validate_backward(
     problem, infos = backward_problem(
         dout, q, k, v, out, lse, dq=dq, dk=dk, dv=dv, causal=causal,
         softmax_scale=softmax_scale, deterministic=deterministic, backend=backend,
-        window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+        window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+        dropout_rng_state=dropout_rng_state,
     )
     _check_devices(infos[0], infos[1:])
     return problem

@@ -14,6 +14,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ._dropout import check_dropout_p
 from ._validate import (
     _alibi_infos,
     _check_devices,
@@ -28,6 +29,7 @@ from ._validate import (
     _resolve_scalars,
     check_scalars,
     out_shape_of,
+    rng_state_infos,
     type_name,
 )
 from ._validate_backward import check_backward_flags, check_gradient, gradient_infos
@@ -58,6 +60,7 @@ class VarlenProblem:
     softcap: float = 0.0
     seqused_k: bool = False
     alibi: bool = False  # ALiBi slopes given (checked against batch and nheads)
+    dropout_p: float = 0.0  # 0: off
     headdim_v: int = 0  # v's (and out's) head dim; 0: headdim
 
     @property
@@ -167,7 +170,8 @@ def varlen_problem(
     q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any,
     max_seqlen_k: Any, out: Any = None, *, seqused_k: Any = None, causal: Any = False,
     softmax_scale: Any = None, backend: Any = None, window: Any = (-1, -1), softcap: Any = 0.0,
-    alibi_slopes: Any = None, backward: bool = False,
+    alibi_slopes: Any = None, dropout_p: Any = 0.0, dropout_rng_state: Any = None,
+    backward: bool = False,
 ) -> tuple[VarlenProblem, list[_Info]]:
     """``validate_varlen`` without its last check (devices): the problem and the tensors'
     infos, q's first, for callers that add tensors before checking devices. ``backward``: a v
@@ -175,6 +179,7 @@ def varlen_problem(
     max_q, max_k = check_varlen_scalars(
         max_seqlen_q, max_seqlen_k, causal, softmax_scale, backend, window, softcap
     )
+    dropout = check_dropout_p(dropout_p)
     tensors = {"q": q, "k": k, "v": v}
     if out is not None:
         tensors["out"] = out
@@ -194,6 +199,7 @@ def varlen_problem(
     batch = _check_offsets(vectors[0], vectors[1], vectors[2] if seqused_k is not None else None)
     scale, cap, window_left, window_right = _resolve_scalars(headdim, softmax_scale, softcap, window)
     vectors += _alibi_infos(alibi_slopes, batch, nheads, _inspect)
+    vectors += rng_state_infos(dropout_rng_state, _inspect)
     total_k = ki.shape[0]
     problem = VarlenProblem(
         batch=batch, total_q=total_q, total_k=total_k,
@@ -201,6 +207,7 @@ def varlen_problem(
         nheads=nheads, nheads_kv=ki.shape[1], headdim=headdim, dtype=qi.dtype,
         device_id=qi.device_id, scale=scale, window_left=window_left, window_right=window_right,
         softcap=cap, seqused_k=seqused_k is not None, alibi=alibi_slopes is not None,
+        dropout_p=dropout,
         headdim_v=vi.shape[-1],
     )
     return problem, [qi, *others, *vectors]
@@ -210,7 +217,7 @@ def validate_varlen(
     q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any,
     max_seqlen_k: Any, out: Any = None, *, seqused_k: Any = None, causal: Any = False,
     softmax_scale: Any = None, backend: Any = None, window: Any = (-1, -1), softcap: Any = 0.0,
-    alibi_slopes: Any = None,
+    alibi_slopes: Any = None, dropout_p: Any = 0.0, dropout_rng_state: Any = None,
 ) -> VarlenProblem:
     """Check the arguments of a variable-length attention forward call.
 
@@ -225,6 +232,7 @@ def validate_varlen(
         causal, softmax_scale, backend, window, softcap: as in ``validate_forward``.
         alibi_slopes: None, or a float32 (nheads,) or (batch, nheads) DLPack tensor with unit
             stride over heads, batch being the number of sequences (as in ``validate_forward``).
+        dropout_p, dropout_rng_state: as in ``validate_forward``.
 
     Every tensor, the offsets and slopes included, must live on one CUDA device.
 
@@ -236,7 +244,8 @@ def validate_varlen(
     problem, infos = varlen_problem(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out,
         seqused_k=seqused_k, causal=causal, softmax_scale=softmax_scale, backend=backend,
-        window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+        window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+        dropout_rng_state=dropout_rng_state,
     )
     _check_devices(infos[0], infos[1:])
     return problem
@@ -247,7 +256,7 @@ def varlen_backward_problem(
     max_seqlen_q: Any, max_seqlen_k: Any, *, seqused_k: Any = None, dq: Any = None,
     dk: Any = None, dv: Any = None, causal: Any = False, softmax_scale: Any = None,
     deterministic: Any = False, backend: Any = None, window: Any = (-1, -1), softcap: Any = 0.0,
-    alibi_slopes: Any = None,
+    alibi_slopes: Any = None, dropout_p: Any = 0.0, dropout_rng_state: Any = None,
 ) -> tuple[VarlenProblem, list[_Info]]:
     """``validate_varlen_backward`` without its last check (devices)."""
     check_backward_flags(deterministic, backend)
@@ -256,7 +265,8 @@ def varlen_backward_problem(
     problem, forward_infos = varlen_problem(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out,
         seqused_k=seqused_k, causal=causal, softmax_scale=softmax_scale, backend=backend,
-        window=window, softcap=softcap, alibi_slopes=alibi_slopes, backward=True,
+        window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+        dropout_rng_state=dropout_rng_state, backward=True,
     )
     infos = gradient_infos(dout, dq, dk, dv)
     for info in infos:
@@ -278,12 +288,12 @@ def validate_varlen_backward(
     max_seqlen_q: Any, max_seqlen_k: Any, *, seqused_k: Any = None, dq: Any = None,
     dk: Any = None, dv: Any = None, causal: Any = False, softmax_scale: Any = None,
     deterministic: Any = False, backend: Any = None, window: Any = (-1, -1), softcap: Any = 0.0,
-    alibi_slopes: Any = None,
+    alibi_slopes: Any = None, dropout_p: Any = 0.0, dropout_rng_state: Any = None,
 ) -> VarlenProblem:
     """Check the arguments of a variable-length backward call: q, k, v, out, the offsets and
     seqused_k as in ``validate_varlen``; dq packed like q, dout like out, dk like k, dv like v,
-    all in q's dtype; lse the forward's float32 (nheads, total_q) with unit last stride; the forward's
-    alibi_slopes; one device.
+    all in q's dtype; lse the forward's float32 (nheads, total_q) with unit last stride; the
+    forward's alibi_slopes, dropout_p and dropout_rng_state; one device.
 
     Raises:
         TypeError, ValueError: as ``validate_varlen``, for these tensors too; ValueError for
@@ -293,7 +303,7 @@ def validate_varlen_backward(
         dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         seqused_k=seqused_k, dq=dq, dk=dk, dv=dv, causal=causal, softmax_scale=softmax_scale,
         deterministic=deterministic, backend=backend, window=window, softcap=softcap,
-        alibi_slopes=alibi_slopes,
+        alibi_slopes=alibi_slopes, dropout_p=dropout_p, dropout_rng_state=dropout_rng_state,
     )
     _check_devices(infos[0], infos[1:])
     return problem

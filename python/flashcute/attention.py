@@ -7,6 +7,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 from ._build_info import load_extension
 from ._dispatch import choose_backend
+from ._dropout import NO_DROPOUT, Dropout, check_dropout, launch_kwargs
 from ._frameworks import ALLOCATING_FRAMEWORKS, Framework, export, framework_of, launchable
 from ._validate import (
     ForwardProblem,
@@ -125,6 +126,10 @@ def attention(
     window: Sequence[int] = (-1, -1),
     softcap: float = 0.0,
     alibi_slopes: Any = None,
+    dropout_p: float = 0.0,
+    dropout_seed: Optional[int] = None,
+    dropout_offset: Optional[int] = None,
+    dropout_rng_state: Any = None,
     return_lse: bool = False,
     out: Any = None,
     backend: Optional[str] = None,
@@ -156,8 +161,21 @@ def attention(
             unit stride over heads. The score of query ``i`` and key ``j`` in head ``h`` (of batch ``b``)
             gains ``-slope[b, h] * |i + seqlen_k - seqlen_q - j|`` after the softcap and
             before the mask. None (default): no bias. The slopes are not differentiated.
+        dropout_p: dropout on the attention weights, after the softmax: each weight is
+            dropped with probability ``dropout_p`` (rounded to a multiple of 2^-16) and the
+            kept ones are scaled by ``1 / (1 - dropout_p)``; a float in [0, 1), 0.0 (default)
+            is off. The mask is a function of a seed, an offset and the weight's (batch, head,
+            query, key) (``flashcute.testing.dropout_keep_mask``); the backward regenerates it.
+        dropout_seed, dropout_offset: ints in [0, 2**63) that key the mask; given together.
+            Torch calls that give neither (nor ``dropout_rng_state``) draw them from torch's
+            CUDA generator on every call (``flashcute.dropout_rng_state``), which works in
+            CUDA graphs and follows ``torch.manual_seed``; calls on other arrays must give them.
+        dropout_rng_state: instead of the seed and offset, an int64 tensor (2,) {seed, offset}
+            on q's device that the kernels read (``flashcute.dropout_rng_state(device)`` draws
+            one); pass the same tensor to ``attention_backward``.
         return_lse: also return the float32 (batch, nheads, seqlen_q) natural-log
-            log-sum-exp of the scaled (softcapped, ALiBi-biased, masked) scores.
+            log-sum-exp of the scaled (softcapped, ALiBi-biased, masked) scores, before
+            dropout.
         out: optional (batch, seqlen_q, nheads, headdim) tensor of q's dtype to write into
             (not for jax arrays, which are immutable); it is returned.
         backend: None (choose by GPU), "ampere" or "hopper".
@@ -205,28 +223,33 @@ def attention(
     window, softcap = _check_front_door_flags(return_lse, deterministic, window, softcap)
     if _torch_tensors(q, k, v) and (out is None or _torch_tensors(out)):
         check_scalars(causal, softmax_scale, backend)
-        check_torch_slopes(alibi_slopes)
+        check_torch_slopes(alibi_slopes, dropout_rng_state)
+        dropout = check_dropout(dropout_p, dropout_seed, dropout_offset, dropout_rng_state,
+                                draws=True)
         if out is not None:
             _refuse_grad_with_out(q, k, v, out)
         return _torch_route().attention(
             q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
             backend=backend, out=out, deterministic=deterministic, window=window,
-            softcap=softcap, alibi_slopes=alibi_slopes,
+            softcap=softcap, alibi_slopes=alibi_slopes, dropout=dropout,
+            dropout_rng_state=dropout_rng_state,
         )
     _refuse_grad_with_out(q, k, v, out)
     return attention_dlpack(
         q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, out=out,
         backend=backend, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+        dropout_p=dropout_p, dropout_seed=dropout_seed, dropout_offset=dropout_offset,
+        dropout_rng_state=dropout_rng_state,
     )
 
 
-def check_torch_slopes(alibi_slopes: Any) -> None:
-    """Calls on torch tensors take ALiBi slopes as a torch.Tensor (or None): another
-    framework's array would leave the call without autograd and compile support."""
-    if alibi_slopes is not None and not _torch_tensors(alibi_slopes):
-        raise TypeError(
-            f"alibi_slopes: expected a torch.Tensor like q, or None, got {type_name(alibi_slopes)}"
-        )
+def check_torch_slopes(alibi_slopes: Any, dropout_rng_state: Any = None) -> None:
+    """Calls on torch tensors take ALiBi slopes and a dropout rng state as torch.Tensors (or
+    None): another framework's array would leave the call without autograd and compile
+    support."""
+    for name, x in (("alibi_slopes", alibi_slopes), ("dropout_rng_state", dropout_rng_state)):
+        if x is not None and not _torch_tensors(x):
+            raise TypeError(f"{name}: expected a torch.Tensor like q, or None, got {type_name(x)}")
 
 
 def attention_dlpack(
@@ -242,15 +265,23 @@ def attention_dlpack(
     window: Sequence[int] = (-1, -1),
     softcap: float = 0.0,
     alibi_slopes: Any = None,
+    dropout_p: float = 0.0,
+    dropout_seed: Optional[int] = None,
+    dropout_offset: Optional[int] = None,
+    dropout_rng_state: Any = None,
 ) -> Any:
-    """``attention`` through DLPack, without autograd: the implementation under every route."""
+    """``attention`` through DLPack, without autograd: the implementation under every route.
+    Dropout takes an explicit seed and offset, or a rng state: nothing is drawn here."""
+    dropout = check_dropout(dropout_p, dropout_seed, dropout_offset, dropout_rng_state, draws=False)
     ext = load_extension()
     q_x, k_x, v_x = export(q), export(k), export(v)
     out_x = export(out) if out is not None else None
     slopes_x = export(alibi_slopes) if alibi_slopes is not None else None
+    state_x = export(dropout_rng_state) if dropout_rng_state is not None else None
     problem = validate_forward(
         q_x, k_x, v_x, out_x, causal=causal, softmax_scale=softmax_scale, backend=backend,
-        window=window, softcap=softcap, alibi_slopes=slopes_x,
+        window=window, softcap=softcap, alibi_slopes=slopes_x, dropout_p=dropout.p,
+        dropout_rng_state=state_x,
     )
     _check_outs(out)
     alloc, like = _allocator(q, out, return_lse)
@@ -263,7 +294,7 @@ def attention_dlpack(
     if not problem.empty_output:
         result_x = out_x if out is not None else result
         _launch(ext, problem, alloc, like, (q_x, k_x, v_x, result_x, lse, slopes_x), causal,
-                backend_code)
+                backend_code, dropout=dropout, dropout_rng_state=state_x)
     return (result, lse) if return_lse else result
 
 
@@ -316,10 +347,13 @@ def _launch(
     backend_code: int,
     workspace_bytes: WorkspaceBytes = forward_workspace_bytes,
     sizes: tuple[int, ...] = (),
+    dropout: Dropout = NO_DROPOUT,
+    dropout_rng_state: Any = None,
 ) -> None:
     """Run the kernel on the allocating framework's current stream. ``tensors`` are the
     exported q, k, v, out, lse and ALiBi slopes (None: not asked for, or absent), then for a
-    variable-length call the offsets and seqused_k, whose max_seqlen pair is ``sizes``."""
+    variable-length call the offsets and seqused_k, whose max_seqlen pair is ``sizes``;
+    ``dropout_rng_state`` the exported rng state (None: none)."""
     sync = alloc is not None and alloc.synchronize_after
     if sync:
         if not hasattr(ext, "synchronize"):
@@ -327,15 +361,19 @@ def _launch(
                 "flashcute: this build of flashcute._C has no synchronize(), which jax "
                 "arrays need; reinstall the package with `pip install .`"
             )
-        for x in tensors:
+        for x in (*tensors, dropout_rng_state):
             adapter = framework_of(x) if x is not None else None
             if adapter is not None:
                 adapter.prepare(x)
     stream = alloc.stream(like) if alloc is not None else 0
     workspace = _workspace(ext, problem, alloc, like, causal, backend_code, workspace_bytes)
     q, k, v, out, lse, slopes, *seq = (launchable(x) for x in tensors)
+    state = None
+    if dropout.active and dropout_rng_state is not None:
+        state = launchable(dropout_rng_state)
     ext.forward(q, k, v, out, lse, problem.scale, causal, backend_code, stream,
                 launchable(workspace) if workspace is not None else None,
-                problem.window_left, problem.window_right, problem.softcap, slopes, *seq, *sizes)
+                problem.window_left, problem.window_right, problem.softcap, slopes, *seq, *sizes,
+                **launch_kwargs(ext, dropout, state))
     if sync:
         ext.synchronize(stream, problem.device_id)

@@ -4,6 +4,8 @@
 FlashAttention's layout is flashcute's, (batch, seqlen, heads, headdim), and its causal mask,
 sliding window, softcap and ALiBi slopes are flashcute's (bottom-right aligned), so the call
 maps over directly; only FlashAttention's reading of window bounds (``_window``) is translated.
+``dropout_p`` is FlashAttention's: applied whenever it is nonzero (callers pass 0.0 in
+evaluation), with a seed and offset drawn from torch's CUDA generator on every call.
 Arguments for features flashcute lacks are checked in ``_refuse_unsupported``, which keeps
 their default values working.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import numbers
 from typing import Any, Optional, Sequence
 
+from ._dropout import check_dropout_p
 from ._validate import type_name
 from .attention import attention
 from .varlen import attention_varlen
@@ -48,7 +51,9 @@ def flash_attn_func(
     Args:
         q: (batch, seqlen_q, nheads, headdim), float16 or bfloat16, on a CUDA device.
         k, v: (batch, seqlen_k, nheads_kv, headdim); nheads a multiple of nheads_kv.
-        dropout_p: must be 0.0.
+        dropout_p: dropout probability on the attention weights, in [0, 1) (0.0: none), as
+            ``flashcute.attention``'s; torch calls draw its seed and offset from torch's CUDA
+            generator.
         softmax_scale: default 1/sqrt(headdim).
         causal: bottom-right aligned causal mask, as FlashAttention (and flashcute).
         window_size: (left, right) sliding window, as FlashAttention: query ``i`` attends key
@@ -71,7 +76,8 @@ def flash_attn_func(
         out (batch, seqlen_q, nheads, headdim); with ``return_attn_probs=True`` the tuple
         ``(out, softmax_lse, None)``: softmax_lse float32 (batch, nheads, seqlen_q), natural
         log, as FlashAttention-2's; the attention probabilities are never formed, so the third
-        element, FlashAttention-2's dropout-masked probabilities (meant for its tests), is None.
+        element, FlashAttention-2's dropout-masked probabilities (meant for its tests), is None
+        (``flashcute.testing.dropout_keep_mask`` gives a mask for a known seed and offset).
 
     Raises:
         NotImplementedError: an argument asks for a feature flashcute lacks; the message
@@ -83,9 +89,10 @@ def flash_attn_func(
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool, got {type_name(causal)}")
     _refuse_unsupported(
-        dropout_p=dropout_p, qv=qv, q_descale=q_descale, k_descale=k_descale,
-        v_descale=v_descale, attention_chunk=attention_chunk,
+        qv=qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+        attention_chunk=attention_chunk,
     )
+    dropout_p = check_dropout_p(dropout_p)
     shape = getattr(k, "shape", None)  # anything else fails flashcute.attention's checks
     seqlen_k = int(shape[1]) if shape is not None and len(shape) == 4 else None
     window = _window(window_size, seqlen_k=seqlen_k)
@@ -93,8 +100,8 @@ def flash_attn_func(
         # A right bound of 0 is the causal mask's; with causal=True the call takes exactly the
         # causal path, (-1, 0) included.
         q, k, v, causal=causal or window[1] == 0, softmax_scale=softmax_scale, window=window,
-        softcap=softcap, alibi_slopes=alibi_slopes, return_lse=return_attn_probs,
-        deterministic=deterministic,
+        softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+        return_lse=return_attn_probs, deterministic=deterministic,
     )
     if return_attn_probs:
         out, lse = result
@@ -133,7 +140,7 @@ def flash_attn_varlen_func(
         k, v: (total_k, nheads_kv, headdim); nheads a multiple of nheads_kv.
         cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,) offsets of the sequences' rows.
         max_seqlen_q, max_seqlen_k: the longest sequences' lengths.
-        dropout_p: must be 0.0. block_table, seqused_q: must be None.
+        dropout_p: as in ``flash_attn_func``. block_table, seqused_q: must be None.
         softmax_scale, causal, softcap, alibi_slopes, deterministic: as in ``flash_attn_func``,
             per sequence (alibi_slopes (nheads,) or (batch, nheads) float32, a row per
             sequence).
@@ -157,10 +164,8 @@ def flash_attn_varlen_func(
         raise TypeError(f"return_attn_probs: expected a bool, got {type_name(return_attn_probs)}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool, got {type_name(causal)}")
-    _refuse_unsupported(
-        dropout_p=dropout_p, qv=None, q_descale=None, k_descale=None, v_descale=None,
-        attention_chunk=0,
-    )
+    _refuse_unsupported(qv=None, q_descale=None, k_descale=None, v_descale=None, attention_chunk=0)
+    dropout_p = check_dropout_p(dropout_p)
     for name, value in (("block_table", block_table), ("seqused_q", seqused_q)):
         if value is not None:
             raise NotImplementedError(f"{name}: flashcute does not support {name} yet; pass None")
@@ -169,8 +174,8 @@ def flash_attn_varlen_func(
     result = attention_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=seqused_k,
         causal=causal or window[1] == 0, softmax_scale=softmax_scale, window=window,
-        softcap=softcap, alibi_slopes=alibi_slopes, return_lse=return_attn_probs,
-        deterministic=deterministic,
+        softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+        return_lse=return_attn_probs, deterministic=deterministic,
     )
     if return_attn_probs:
         out, lse = result
@@ -179,17 +184,16 @@ def flash_attn_varlen_func(
 
 
 def _refuse_unsupported(
-    *, dropout_p: Any, qv: Any, q_descale: Any, k_descale: Any, v_descale: Any,
-    attention_chunk: Any,
+    *, qv: Any, q_descale: Any, k_descale: Any, v_descale: Any, attention_chunk: Any,
 ) -> None:
     """NotImplementedError naming the first argument that asks for a missing feature."""
-    for name, value in (("dropout_p", dropout_p), ("attention_chunk", attention_chunk)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"{name}: expected a number, got {type_name(value)}")
-        if value != 0:
-            raise NotImplementedError(
-                f"{name}: flashcute does not support {name} != 0 yet; got {value}"
-            )
+    if isinstance(attention_chunk, bool) or not isinstance(attention_chunk, numbers.Real):
+        raise TypeError(f"attention_chunk: expected a number, got {type_name(attention_chunk)}")
+    if attention_chunk != 0:
+        raise NotImplementedError(
+            f"attention_chunk: flashcute does not support attention_chunk != 0 yet; got "
+            f"{attention_chunk}"
+        )
     for name, value in (("qv", qv), ("q_descale", q_descale), ("k_descale", k_descale),
                         ("v_descale", v_descale)):
         if value is not None:

@@ -8,6 +8,7 @@ from typing import Any, Optional, Sequence, Union
 import torch
 
 # The front door's checks of these arguments, so that both refuse the same values.
+from ._dropout import check_dropout_p as _check_dropout_p
 from ._validate import check_softcap as _check_softcap
 from ._validate import check_window as _check_window
 
@@ -56,6 +57,22 @@ def _check_alibi(alibi_slopes: Any, batch: int, nheads: int) -> None:
         )
 
 
+def _check_dropout_mask(mask: Any, shape: tuple[int, ...]) -> torch.Tensor:
+    """A bool keep mask of at least ``shape`` (batch, nheads, seqlen_q, seqlen_k), cut to it;
+    TypeError/ValueError naming ``dropout_mask`` otherwise."""
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"dropout_mask: expected a torch.Tensor, got {type(mask).__qualname__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(f"dropout_mask: expected a bool tensor, got {mask.dtype}")
+    short = any(m < n for m, n in zip(mask.shape[2:], shape[2:]))
+    if mask.dim() != 4 or mask.shape[:2] != shape[:2] or short:
+        raise ValueError(
+            f"dropout_mask: expected shape {shape} (batch, nheads, seqlen_q, seqlen_k), or longer "
+            f"sequences, got {tuple(mask.shape)}"
+        )
+    return mask[:, :, :shape[2], :shape[3]]
+
+
 def _visible(
     seqlen_q: int, seqlen_k: int, left: int, right: int, device: torch.device
 ) -> Optional[torch.Tensor]:
@@ -82,6 +99,8 @@ def attention(
     window: Sequence[int] = (-1, -1),
     softcap: float = 0.0,
     alibi_slopes: Optional[torch.Tensor] = None,
+    dropout_p: float = 0.0,
+    dropout_mask: Optional[torch.Tensor] = None,
     return_lse: bool = False,
     dtype: torch.dtype = torch.float64,
 ) -> Result:
@@ -98,7 +117,8 @@ def attention(
 
     Each score is formed in this order: ``s = scale * q_i . k_j``; with ``softcap > 0``,
     ``s = softcap * tanh(s / softcap)``; with ALiBi, ``s -= slope[h] * |d - j|``; then the
-    mask and the softmax over the visible keys.
+    mask and the softmax over the visible keys. With ``dropout_mask`` the weights are then
+    ``softmax * dropout_mask / (1 - dropout_p)``; lse is that of the softmax before dropout.
 
     Args:
         q, k, v: torch tensors of any floating dtype, on any device.
@@ -107,6 +127,10 @@ def attention(
         window: (left, right) sliding-window bounds, ints >= -1; (-1, -1) is no window.
         softcap: tanh soft cap of the scaled scores; 0.0 disables it.
         alibi_slopes: ALiBi slopes (nheads,) or (batch, nheads), typically float32.
+        dropout_p: the dropout probability that scales the kept weights, in [0, 1).
+        dropout_mask: bool keep mask (batch, nheads, seqlen_q, seqlen_k) (a larger one is cut
+            to these lengths), e.g. ``flashcute.testing.dropout_keep_mask`` of the kernels'
+            seed and offset; None (default): no dropout, whatever ``dropout_p`` says.
         return_lse: also return the natural-log log-sum-exp of the final, masked scores,
             shape (batch, nheads, seqlen_q).
         dtype: precision of the computation. float64 (default) or float32 compute
@@ -125,6 +149,10 @@ def attention(
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
     if alibi_slopes is not None:
         _check_alibi(alibi_slopes, batch, nheads)
+    p = _check_dropout_p(dropout_p)
+    keep = None
+    if dropout_mask is not None:
+        keep = _check_dropout_mask(dropout_mask, (batch, nheads, seqlen_q, seqlen_k)).to(q.device)
     if causal:
         right = 0
     scale = 1.0 / math.sqrt(headdim) if softmax_scale is None else float(softmax_scale)
@@ -151,6 +179,8 @@ def attention(
     lse = torch.logsumexp(scores, dim=-1)  # -inf for rows with no key
     finite_lse = torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)
     probs = torch.exp(scores - finite_lse.unsqueeze(-1))  # masked entries: exp(-inf) = 0
+    if keep is not None:
+        probs = probs * keep.to(probs.dtype) * (1.0 / (1.0 - p))
     out = torch.matmul(probs.to(dtype), vt).transpose(1, 2).contiguous()
     return (out, lse) if return_lse else out
 
@@ -185,6 +215,8 @@ def attention_varlen(
     window: Sequence[int] = (-1, -1),
     softcap: float = 0.0,
     alibi_slopes: Optional[torch.Tensor] = None,
+    dropout_p: float = 0.0,
+    dropout_mask: Optional[torch.Tensor] = None,
     return_lse: bool = False,
     dtype: torch.dtype = torch.float64,
 ) -> Result:
@@ -205,6 +237,10 @@ def attention_varlen(
             key count.
         causal, softmax_scale, window, softcap, return_lse, dtype: as in :func:`attention`.
         alibi_slopes: (nheads,) or (batch, nheads); row ``b`` applies to sequence ``b``.
+        dropout_p: as in :func:`attention`.
+        dropout_mask: bool (batch, nheads, max_q, max_k) keep mask, positions within each
+            sequence: sequence ``b`` takes ``dropout_mask[b, :, :len_q, :len_k]`` (its own
+            lengths, ``len_k`` its ``seqused_k`` where given), as the kernels do.
 
     Returns:
         The output, (total_q, nheads, v's headdim) in ``dtype``, or ``(out, lse)`` when
@@ -240,6 +276,10 @@ def attention_varlen(
     # Checked here too so that a bad value is reported even when there is no sequence.
     _check_window(window)
     _check_softcap(softcap)
+    _check_dropout_p(dropout_p)
+    if dropout_mask is not None:
+        longest_q = max((b - a for a, b in zip(starts_q, starts_q[1:])), default=0)
+        _check_dropout_mask(dropout_mask, (batch, q.shape[1], longest_q, max(lengths_k, default=0)))
 
     total_q, nheads, headdim = q.shape
     lse_dtype = torch.float32 if dtype in _LOW_PRECISION else dtype
@@ -251,10 +291,11 @@ def attention_varlen(
         slopes = alibi_slopes
         if slopes is not None and slopes.dim() == 2:
             slopes = slopes[b]
+        mask = None if dropout_mask is None else dropout_mask[b:b + 1]
         out_b, lse_b = attention(
             q[None, rows], k[None, keys], v[None, keys], causal=causal,
             softmax_scale=softmax_scale, window=window, softcap=softcap, alibi_slopes=slopes,
-            return_lse=True, dtype=dtype,
+            dropout_p=dropout_p, dropout_mask=mask, return_lse=True, dtype=dtype,
         )
         out[rows] = out_b[0]  # sequences never overlap; autograd records the slice copies
         lse[:, rows] = lse_b[0]

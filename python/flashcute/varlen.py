@@ -7,6 +7,7 @@ from typing import Any, Optional, Sequence
 
 from ._build_info import load_extension
 from ._dispatch import choose_backend, choose_backward_backend
+from ._dropout import check_dropout
 from ._frameworks import export
 from ._validate import check_scalars, check_softcap, kernel_window, type_name
 from ._validate_backward import check_backward_flags
@@ -86,6 +87,10 @@ def attention_varlen(
     window: Sequence[int] = (-1, -1),
     softcap: float = 0.0,
     alibi_slopes: Any = None,
+    dropout_p: float = 0.0,
+    dropout_seed: Optional[int] = None,
+    dropout_offset: Optional[int] = None,
+    dropout_rng_state: Any = None,
     return_lse: bool = False,
     out: Any = None,
     backend: Optional[str] = None,
@@ -116,6 +121,10 @@ def attention_varlen(
             ``i`` and key ``j`` of sequence ``b`` is ``|i + seqlen_k[b] - seqlen_q[b] - j|``
             with the sequence's own lengths (``seqlen_k[b]`` is ``seqused_k[b]`` where given).
             The slopes get no gradient.
+        dropout_p, dropout_seed, dropout_offset, dropout_rng_state: dropout as in
+            ``flashcute.attention``; the weight of query ``i`` and key ``j`` of sequence ``b``
+            (positions within the sequence) is that of (batch ``b``, ``i``, ``j``) in
+            ``flashcute.testing.dropout_keep_mask``.
         return_lse: also return the float32 (nheads, total_q) natural-log log-sum-exp.
         out: optional (total_q, nheads, headdim) tensor of q's dtype to write into (not for jax
             arrays); it is returned.
@@ -148,7 +157,9 @@ def attention_varlen(
     max_seqlen_k = check_max_seqlen("max_seqlen_k", max_seqlen_k)
     if _torch_call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, out):
         check_scalars(causal, softmax_scale, backend)
-        check_torch_slopes(alibi_slopes)
+        check_torch_slopes(alibi_slopes, dropout_rng_state)
+        dropout = check_dropout(dropout_p, dropout_seed, dropout_offset, dropout_rng_state,
+                                draws=True)
         if out is not None:
             _refuse_grad_with_out(q, k, v, out)
         from . import _torch_varlen
@@ -157,18 +168,20 @@ def attention_varlen(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=seqused_k,
             causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, backend=backend,
             out=out, deterministic=deterministic, window=window, softcap=softcap,
-            alibi_slopes=alibi_slopes,
+            alibi_slopes=alibi_slopes, dropout=dropout, dropout_rng_state=dropout_rng_state,
         )
     if out is not None:
         _refuse_grad_with_out(q, k, v, out)
     _refuse_grad_beside_other_arrays(
         q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
-        alibi_slopes=alibi_slopes,
+        alibi_slopes=alibi_slopes, dropout_rng_state=dropout_rng_state,
     )
     return attention_varlen_dlpack(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=seqused_k,
         causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, out=out,
         backend=backend, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+        dropout_p=dropout_p, dropout_seed=dropout_seed, dropout_offset=dropout_offset,
+        dropout_rng_state=dropout_rng_state,
     )
 
 
@@ -195,19 +208,23 @@ def attention_varlen_dlpack(
     max_seqlen_k: int, *, seqused_k: Any = None, causal: bool = False,
     softmax_scale: Optional[float] = None, return_lse: bool = False, out: Any = None,
     backend: Optional[str] = None, window: Sequence[int] = (-1, -1), softcap: float = 0.0,
-    alibi_slopes: Any = None,
+    alibi_slopes: Any = None, dropout_p: float = 0.0, dropout_seed: Optional[int] = None,
+    dropout_offset: Optional[int] = None, dropout_rng_state: Any = None,
 ) -> Any:
-    """``attention_varlen`` through DLPack, without autograd."""
+    """``attention_varlen`` through DLPack, without autograd; dropout takes an explicit seed
+    and offset, or a rng state."""
+    dropout = check_dropout(dropout_p, dropout_seed, dropout_offset, dropout_rng_state, draws=False)
     ext = varlen_extension()
     q_x, k_x, v_x = export(q), export(k), export(v)
     cu_q_x, cu_k_x = export(cu_seqlens_q), export(cu_seqlens_k)
     used_x = export(seqused_k) if seqused_k is not None else None
     out_x = export(out) if out is not None else None
     slopes_x = export(alibi_slopes) if alibi_slopes is not None else None
+    state_x = export(dropout_rng_state) if dropout_rng_state is not None else None
     problem = validate_varlen(
         q_x, k_x, v_x, cu_q_x, cu_k_x, max_seqlen_q, max_seqlen_k, out_x, seqused_k=used_x,
         causal=causal, softmax_scale=softmax_scale, backend=backend, window=window,
-        softcap=softcap, alibi_slopes=slopes_x,
+        softcap=softcap, alibi_slopes=slopes_x, dropout_p=dropout.p, dropout_rng_state=state_x,
     )
     _check_outs(out)
     alloc, like = _allocator(q, out, return_lse)
@@ -220,7 +237,7 @@ def attention_varlen_dlpack(
         tensors = (q_x, k_x, v_x, out_x if out is not None else result, lse, slopes_x, cu_q_x,
                    cu_k_x, used_x)
         _launch(ext, problem, alloc, like, tensors, causal, code, forward_workspace_bytes,
-                (problem.max_seqlen_q, problem.max_seqlen_k))
+                (problem.max_seqlen_q, problem.max_seqlen_k), dropout, state_x)
     return (result, lse) if return_lse else result
 
 
@@ -242,6 +259,10 @@ def attention_varlen_backward(
     window: Sequence[int] = (-1, -1),
     softcap: float = 0.0,
     alibi_slopes: Any = None,
+    dropout_p: float = 0.0,
+    dropout_seed: Optional[int] = None,
+    dropout_offset: Optional[int] = None,
+    dropout_rng_state: Any = None,
     dq: Any = None,
     dk: Any = None,
     dv: Any = None,
@@ -257,6 +278,9 @@ def attention_varlen_backward(
         out, lse: the forward's output and its float32 (nheads, total_q) log-sum-exp
             (``attention_varlen(..., return_lse=True)``).
         causal, softmax_scale, window, softcap, alibi_slopes: as given to the forward.
+        dropout_p, dropout_seed, dropout_offset, dropout_rng_state: the forward's dropout, as
+            in ``flashcute.attention_backward`` (the seed and offset or the rng state must be
+            given with ``dropout_p > 0``).
         dq, dk, dv: optional packed tensors to write into (q's, k's, v's shape and dtype).
         deterministic, backend: as in ``flashcute.attention_backward``.
 
@@ -276,12 +300,14 @@ def attention_varlen_backward(
     softcap = check_softcap(softcap)
     max_seqlen_q = check_max_seqlen("max_seqlen_q", max_seqlen_q)
     max_seqlen_k = check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    dropout = check_dropout(dropout_p, dropout_seed, dropout_offset, dropout_rng_state, draws=False,
+                            backward=True)
     if _torch_call(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, dq, dk, dv):
         check_scalars(causal, softmax_scale, backend)
-        check_torch_slopes(alibi_slopes)
+        check_torch_slopes(alibi_slopes, dropout_rng_state)
         check_backward_flags(deterministic, backend)
         tensors = [x for x in (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                               dq, dk, dv, alibi_slopes) if x is not None]
+                               dq, dk, dv, alibi_slopes, dropout_rng_state) if x is not None]
         # Gradients are not differentiated, so autograd does not count as watching.
         if not _torch_route().watched(*tensors):
             from ._torch_varlen import backward as direct
@@ -290,13 +316,15 @@ def attention_varlen_backward(
                 dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                 seqused_k=seqused_k, causal=causal, softmax_scale=softmax_scale,
                 deterministic=deterministic, backend=backend, dq=dq, dk=dk, dv=dv,
-                window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout=dropout,
+                dropout_rng_state=dropout_rng_state,
             )
     return attention_varlen_backward_dlpack(
         dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         seqused_k=seqused_k, causal=causal, softmax_scale=softmax_scale, dq=dq, dk=dk, dv=dv,
         deterministic=deterministic, backend=backend, window=window, softcap=softcap,
-        alibi_slopes=alibi_slopes,
+        alibi_slopes=alibi_slopes, dropout_p=dropout.p, dropout_seed=dropout.seed,
+        dropout_offset=dropout.offset, dropout_rng_state=dropout_rng_state,
     )
 
 
@@ -306,18 +334,24 @@ def attention_varlen_backward_dlpack(
     softmax_scale: Optional[float] = None, dq: Any = None, dk: Any = None, dv: Any = None,
     deterministic: bool = False, backend: Optional[str] = None,
     window: Sequence[int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Any = None,
+    dropout_p: float = 0.0, dropout_seed: Optional[int] = None,
+    dropout_offset: Optional[int] = None, dropout_rng_state: Any = None,
 ) -> tuple[Any, Any, Any]:
     """``attention_varlen_backward`` through DLPack, for every framework."""
+    dropout = check_dropout(dropout_p, dropout_seed, dropout_offset, dropout_rng_state, draws=False,
+                            backward=True)
     alloc = _gradient_allocator(q)
     ext = varlen_extension()
     exported = [export(x) for x in (dout, q, k, v, out, lse)]
     cu_q_x, cu_k_x = export(cu_seqlens_q), export(cu_seqlens_k)
     used_x = export(seqused_k) if seqused_k is not None else None
     slopes_x = export(alibi_slopes) if alibi_slopes is not None else None
+    state_x = export(dropout_rng_state) if dropout_rng_state is not None else None
     problem = validate_varlen_backward(
         *exported, cu_q_x, cu_k_x, max_seqlen_q, max_seqlen_k, seqused_k=used_x, dq=dq, dk=dk,
         dv=dv, causal=causal, softmax_scale=softmax_scale, deterministic=deterministic,
         backend=backend, window=window, softcap=softcap, alibi_slopes=slopes_x,
+        dropout_p=dropout.p, dropout_rng_state=state_x,
     )
     _check_outs(dq, dk, dv)
     capability = int(ext.device_capability(problem.device_id))
@@ -331,6 +365,7 @@ def attention_varlen_backward_dlpack(
     _launch_backward(
         ext, alloc, problem, inputs, exported, grads, nbytes, causal, deterministic, code,
         (cu_q_x, cu_k_x, used_x), (problem.max_seqlen_q, problem.max_seqlen_k),
-        alibi_slopes=alibi_slopes, slopes_x=slopes_x,
+        alibi_slopes=alibi_slopes, slopes_x=slopes_x, dropout=dropout,
+        dropout_rng_state=dropout_rng_state, state_x=state_x,
     )
     return grads[0], grads[1], grads[2]

@@ -7,9 +7,10 @@ The backward families take out and lse from a forward on the given path (``--for
 default: the same path), so that a report can be told apart from the forward's own writes.
 Shapes: bf16 and fp16, head dims 64 and 128 and, on the next larger kernels (which read and
 write only their columns), 40 and 72; GQA 2:1, causal and not, each without and with a sliding
-window and softcap, and with both and ALiBi ((batch, nheads) slopes), odd lengths with
-seqlen_q != seqlen_k. Then variable-length batches (``attention_varlen``): mixed lengths with
-and without seqused_k, and a fuzzed corpus of offsets and used-key counts that break the rules
+window and softcap, with both and ALiBi ((batch, nheads) slopes), and with dropout (alone, and
+beside the window and softcap; a given seed and offset, or a rng state on the device), odd lengths
+with seqlen_q != seqlen_k. Then variable-length batches (``attention_varlen``): mixed lengths with
+and without seqused_k, dropout on some of them, and a fuzzed corpus of offsets and used-key counts that break the rules
 (decreasing, negative, beyond the rows, near 2^31, max_seqlen below the real lengths), which
 the kernels must clamp without touching memory outside the tensors (the values are not checked
 on the host).
@@ -26,8 +27,12 @@ import flashcute
 
 FAMILIES = ("ampere-fwd", "hopper-fwd", "ampere-bwd", "ampere-bwd-deterministic", "hopper-bwd")
 SHAPES = ((1, 129, 129), (2, 333, 129), (1, 65, 333))  # (batch, seqlen_q, seqlen_k)
-# Dense, both mask features, and both with ALiBi (its slopes are made per call).
-MASKS = ({}, {"window": (40, 17), "softcap": 20.0}, {"window": (40, 17), "softcap": 20.0, "alibi": True})
+# Dense, both mask features, both with ALiBi (its slopes are made per call), dropout with a
+# seed and offset, and dropout beside the mask features with a rng state on the device (made
+# per call).
+MASKS = ({}, {"window": (40, 17), "softcap": 20.0}, {"window": (40, 17), "softcap": 20.0, "alibi": True},
+         {"dropout_p": 0.2, "dropout_seed": 5, "dropout_offset": 2**33 + 1},
+         {"window": (40, 17), "softcap": 20.0, "dropout_p": 0.5, "rng_state": True})
 
 # Variable-length batches: 3 sequences over 300 query and 400 key rows.
 VARLEN_TOTAL_Q, VARLEN_TOTAL_K = 300, 400
@@ -61,6 +66,17 @@ def varlen_corpus(seed: int = 0) -> list[tuple[list[int], list[int], list[int] |
     return cases
 
 
+def _features(mask: dict, batch: int, gen: torch.Generator) -> dict:
+    """A MASKS entry as keywords: ALiBi slopes of 4 heads and a dropout rng state made here
+    (the backward takes the forward's keywords, hence the same seed and offset or state)."""
+    mask = dict(mask)
+    if mask.pop("alibi", False):
+        mask["alibi_slopes"] = torch.rand(batch, 4, device="cuda", generator=gen)
+    if mask.pop("rng_state", False):
+        mask["dropout_rng_state"] = flashcute.dropout_rng_state("cuda", generator=gen)
+    return mask
+
+
 def _calls(family: str, forward_from: str | None) -> int:
     path = family.split("-")[0]
     built = flashcute.build_info()["backends"][path]
@@ -80,9 +96,7 @@ def _calls(family: str, forward_from: str | None) -> int:
                                            generator=gen)
 
                     q, k, v = rand(seqlen_q, 4), rand(seqlen_k, 2), rand(seqlen_k, 2)
-                    mask = dict(mask)
-                    if mask.pop("alibi", False):
-                        mask["alibi_slopes"] = torch.rand(batch, 4, device="cuda", generator=gen)
+                    mask = _features(mask, batch, gen)
                     if "fwd" in family:
                         flashcute.attention(q, k, v, causal=causal, return_lse=True, backend=path, **mask)
                     else:
@@ -117,8 +131,7 @@ def _varlen_calls(family: str, forward_from: str | None, path: str, built: dict,
             q, k, v = rand(VARLEN_TOTAL_Q, 4), rand(VARLEN_TOTAL_K, 2), rand(VARLEN_TOTAL_K, 2)
             offsets = [torch.tensor(x, dtype=torch.int32, device="cuda") for x in (cu_q, cu_k)]
             seqused_k = None if used is None else torch.tensor(used, dtype=torch.int32, device="cuda")
-            if mask.pop("alibi", False):
-                mask["alibi_slopes"] = torch.rand(len(cu_q) - 1, 4, device="cuda", generator=gen)
+            mask = _features(mask, len(cu_q) - 1, gen)
             args = (q, k, v, *offsets, max_q, max_k)
             if "fwd" in family:
                 flashcute.attention_varlen(*args, seqused_k=seqused_k, causal=causal,

@@ -87,6 +87,16 @@ struct AttentionForwardParams {
   // same row. null: no ALiBi.
   const float* alibi_slopes = nullptr;
   int64_t alibi_slopes_batch_stride = 0;
+  // Dropout on the attention weights, after the softmax: weight (b, h, i, j) — i and j within
+  // sequence b — is kept with probability 1 - dropout_p (p rounded to a multiple of 2^-16) and
+  // kept weights are scaled by 1 / (1 - dropout_p); 0 turns it off. The keep mask is a function
+  // of (dropout_seed, dropout_offset, b, h, i, j) (Philox4x32-10, see dropout.h), so the backward
+  // regenerates it from the same two values. dropout_rng_state (optional, device int64[2] on
+  // `device`, 8-byte aligned): the kernels read {seed, offset} from there instead, which lets a
+  // captured CUDA graph take fresh values on every replay.
+  float dropout_p = 0.f;
+  uint64_t dropout_seed = 0, dropout_offset = 0;
+  const int64_t* dropout_rng_state = nullptr;
   // Variable-length batches (all optional, device int32). With cu_seqlens_q (batch + 1
   // offsets), q and out are packed (total_q, nheads, headdim): sequence b's queries are rows
   // [cu_seqlens_q[b], cu_seqlens_q[b + 1]), seqlen_q is the longest sequence's length
@@ -158,6 +168,10 @@ struct AttentionBackwardParams {
   float softcap = 0.f;                          // as in AttentionForwardParams
   const float* alibi_slopes = nullptr;          // as in AttentionForwardParams
   int64_t alibi_slopes_batch_stride = 0;
+  // Dropout, as in AttentionForwardParams: the forward's p, seed and offset (or rng state).
+  float dropout_p = 0.f;
+  uint64_t dropout_seed = 0, dropout_offset = 0;
+  const int64_t* dropout_rng_state = nullptr;
   // Variable-length batches, as in AttentionForwardParams; dq/dout/out follow q's layout and
   // dk/dv follow k's. Keys past seqused_k[b] get zero dk and dv.
   const int32_t* cu_seqlens_q = nullptr;

@@ -7,13 +7,13 @@ at 16384 and the hidden size ``nheads * hdim`` at 2048, for head dimensions
 ``--hdims`` takes any multiple of 8 up to 256 (``nheads = 2048 // hdim``);
 ``--shape b,sq,sk,h,hkv,d`` times given shapes instead (GQA, ``seqlen_q !=
 seqlen_k``).  Causal masks are bottom-right aligned for every implementation.
-``--window L,R``, ``--softcap C`` and ``--alibi`` time flashcute's sliding
-window, logit softcap and ALiBi (slopes ``2^(-8(h+1)/nheads)``; FLOPs count
-only the visible (query, key) pairs; SDPA and FlashAttention-3 cannot compute
-them and are timed on dense problems only, which ``--with-dense`` adds beside
-each one); every JSON row names its ``feature`` (``dense``, ``window``,
-``softcap``, ``alibi``, or those set joined by ``+``: ``window+softcap``,
-``window+alibi``, ...).
+``--window L,R``, ``--softcap C``, ``--alibi`` and ``--dropout P`` time flashcute's
+sliding window, logit softcap, ALiBi (slopes ``2^(-8(h+1)/nheads)``) and dropout
+(a fixed seed and offset; FLOPs count only the visible (query, key) pairs; SDPA
+and FlashAttention-3 are timed on dense problems only, which ``--with-dense``
+adds beside each one); every JSON row names its ``feature`` (``dense``,
+``window``, ``softcap``, ``alibi``, ``dropout``, or those set joined by ``+``:
+``window+softcap``, ``window+alibi``, ``softcap+dropout``, ...).
 
 Implementations compared:
 
@@ -75,6 +75,7 @@ from .grid import (
     config_flops,
     feature_name,
     parse_shape,
+    parse_dropout,
     parse_shapes,
     parse_softcap,
     parse_window,
@@ -103,7 +104,8 @@ __all__ = [
     "QUICK_SEQLENS", "IMPLS", "FA3_HDIMS", "FA3_DTYPES", "CHECK_ATOL", "NO_WINDOW",
     "BenchConfig", "BenchRow", "Notes", "Shape", "BenchError", "CheckError", "NoGPUError",
     "build_parser", "parse_args", "causal_values", "build_grid", "build_shapes", "parse_shape",
-    "parse_shapes", "parse_window", "parse_softcap", "feature_name", "with_feature",
+    "parse_shapes", "parse_window", "parse_softcap", "parse_dropout", "feature_name",
+    "with_feature",
     "alibi_slopes",
     "attention_flops", "causal_pairs", "visible_pairs", "config_flops", "tflops_from_ms",
     "feature_skip_reason", "impl_skip_reason", "impl_unavailable_reason", "select_impls",

@@ -51,6 +51,14 @@ def _softcap(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _dropout(text: str) -> float:
+    """argparse type: a float in [0, 1)."""
+    try:
+        return grid.parse_dropout(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _impl_list(text: str) -> list[str]:
     """argparse type: comma-separated implementation names, or ``all``."""
     names = [tok.strip() for tok in text.split(",") if tok.strip()]
@@ -107,8 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="ALiBi for flashcute: the score of query i and key j in head h gains "
         "-slope_h*|i+sk-sq-j|, slope_h = 2^(-8(h+1)/nheads); it adds no FLOPs to the count. "
         "SDPA and fa3 are not timed with it (see --with-dense)")
+    add("--dropout", type=_dropout, default=0.0, metavar="P",
+        help="flashcute's dropout_p on the attention weights (default: 0, off), with a fixed "
+        "seed and offset; it adds no FLOPs to the count. SDPA and fa3 are not timed with it "
+        "(see --with-dense)")
     add("--with-dense", action="store_true",
-        help="with --window, --softcap or --alibi: also time each problem without them, just "
+        help="with --window, --softcap, --alibi or --dropout: also time each problem without "
+        "them, just "
         "before it, for every implementation (SDPA and fa3 on these dense lines only), and add "
         "'X/dense' columns: flashcute-X's TFLOP/s with the feature over its dense TFLOP/s")
     add("--varlen", choices=("equal", "packed", "both"), default=None,
@@ -117,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(up to 8192) against the same fixed-length batch; 'packed' packs lengths drawn from "
         "128..8192 (--seed) summing to 16384 against the fixed-length batch at their mean "
         "length. FLOPs count each sequence's own (query, key) pairs. flashcute only; not with "
-        "--shape, --window, --softcap, --alibi, --check or --plot")
+        "--shape, --window, --softcap, --alibi, --dropout, --check or --plot")
     add("--dtype", choices=grid.DTYPE_CHOICES, default="bf16", help="default: bf16")
     add("--impls", type=_impl_list, default=None,
         help=f"comma-separated subset of {', '.join(grid.IMPLS)} (default: all available)")
@@ -169,8 +182,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     grid); for the grid ``hdims``/``seqlens`` are lists of ints (``None`` with
     ``--shape``); ``causals`` is a list of bools, ``impls`` a list of names
     (``None`` meaning "all available"), ``warmup``/``rep`` floats in
-    milliseconds, ``window`` a ``(left, right)`` tuple, ``softcap`` a float and ``alibi`` a
-    bool.
+    milliseconds, ``window`` a ``(left, right)`` tuple, ``softcap`` a float, ``alibi`` a
+    bool and ``dropout`` a float.
     """
     parser = build_parser()
     args = parser.parse_args(_attach_window_values(sys.argv[1:] if argv is None else argv))
@@ -205,20 +218,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                                        ("--window", tuple(args.window) != grid.NO_WINDOW),
                                        ("--softcap", args.softcap > 0.0),
                                        ("--alibi", args.alibi),
+                                       ("--dropout", args.dropout > 0.0),
                                        ("--with-dense", args.with_dense),
                                        ("--check", args.check)) if on]
         if given:
             parser.error(f"--varlen times packed batches on its own; it cannot be combined "
                          f"with {' or '.join(given)}")
-    if args.with_dense and grid.feature_name(args.window, args.softcap, args.alibi) == "dense":
-        parser.error("--with-dense adds the dense problem beside a --window, --softcap or "
-                     "--alibi one; give --window, --softcap or --alibi too")
+    if args.with_dense and _feature(args) == "dense":
+        parser.error("--with-dense adds the dense problem beside a --window, --softcap, "
+                     "--alibi or --dropout one; give --window, --softcap, --alibi or --dropout too")
     if not args.shapes:
         try:
             grid.validate_grid(args.hdims, args.seqlens)
         except ValueError as exc:
             parser.error(str(exc))
     return args
+
+
+def _feature(args: argparse.Namespace) -> str:
+    """The ``feature`` of the command line's problems."""
+    return grid.feature_name(args.window, args.softcap, args.alibi, args.dropout)
 
 
 def causal_values(choice: str) -> list[bool]:
@@ -279,10 +298,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not chosen:
         report.print_notes(notes)
         return _fail("no implementation left to benchmark", 1)
-    feature = grid.feature_name(args.window, args.softcap, args.alibi)
+    feature = _feature(args)
     if feature != "dense" and not args.with_dense:
         # No dense line to time them on: no column at all.
-        reasons = {i: impls.feature_skip_reason(i, args.window, args.softcap, args.alibi)
+        reasons = {i: impls.feature_skip_reason(i, args.window, args.softcap, args.alibi,
+                                                args.dropout)
                    for i in chosen}
         for reason in filter(None, reasons.values()):
             notes.add(reason)
@@ -308,9 +328,10 @@ def main(argv: Sequence[str] | None = None) -> int:
           + ("; X/dense: flashcute-X with the feature / without" if args.with_dense else "")
           + ("; '... bwd' columns: the same for the backward" if args.bwd else ""))
     if feature != "dense":
-        print(f"feature: {grid.feature_label(args.window, args.softcap, args.alibi)} "
-              "(flashcute only); FLOPs count only the visible (query, key) pairs, softcap and "
-              "ALiBi add none")
+        label = grid.feature_label(args.window, args.softcap, args.alibi, args.dropout)
+        print(f"feature: {label} "
+              "(flashcute only); FLOPs count only the visible (query, key) pairs, softcap, "
+              "ALiBi and dropout add none")
     sys.stdout.flush()
 
     if args.shapes:
@@ -318,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         configs = grid.build_grid(args.hdims, args.seqlens, args.causals, args.dtype)
     configs = grid.with_feature(configs, args.window, args.softcap, alibi=args.alibi,
-                                with_dense=args.with_dense)
+                                dropout=args.dropout, with_dense=args.with_dense)
     progress = report.make_progress(len(configs) * len(chosen), enabled=not args.no_progress)
     try:
         with contextlib.closing(progress):
@@ -348,7 +369,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             title = f"{device_name}, {args.dtype}, forward attention"
             if feature != "dense":
-                title += f", {grid.feature_label(args.window, args.softcap, args.alibi)}"
+                title += ", " + grid.feature_label(args.window, args.softcap, args.alibi,
+                                                   args.dropout)
             report.plot_results(rows, args.plot, title=title)
         except grid.BenchError as exc:
             return _fail(str(exc), 1)

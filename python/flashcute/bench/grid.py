@@ -53,10 +53,13 @@ DTYPE_CHOICES: tuple[str, ...] = ("bf16", "fp16")
 
 #: ``window=(left, right)`` with both sides unbounded: no sliding window.
 NO_WINDOW: tuple[int, int] = (-1, -1)
+#: The dropout seed and offset of every ``--dropout`` call: the mask is known (``--check``)
+#: and no call draws from torch's generator, so the kernels alone are timed.
+DROPOUT_SEED: tuple[int, int] = (0, 0)
 
 #: (dtype, hdim, causal, seqlen_q, seqlen_k, batch, nheads, nheads_kv, window, softcap,
 #: alibi): one table line.
-RowKey = tuple[str, int, bool, int, int, int, int, int, tuple[int, int], float, bool]
+RowKey = tuple[str, int, bool, int, int, int, int, int, tuple[int, int], float, bool, float]
 
 
 def short_impl(impl: str) -> str:
@@ -182,6 +185,27 @@ def check_softcap(softcap: float) -> float:
     return value
 
 
+def check_dropout(dropout: float) -> float:
+    """``dropout`` as a float in [0, 1) (0 is off); ValueError otherwise."""
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
+        raise ValueError(f"dropout: expected a float, got {dropout!r}")
+    value = float(dropout)
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"dropout: expected a float in [0, 1) (0 is off), got {dropout!r}")
+    return value
+
+
+def parse_dropout(text: str) -> float:
+    """Parse ``--dropout``: a float in [0, 1); ``ValueError`` says what is wrong."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"expected a float, got {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"expected a float in [0, 1) (0 is off), got {text!r}")
+    return value
+
+
 def parse_softcap(text: str) -> float:
     """Parse ``--softcap``: a finite float >= 0; ``ValueError`` says what is wrong."""
     try:
@@ -194,25 +218,29 @@ def parse_softcap(text: str) -> float:
 
 
 def feature_name(
-    window: Sequence[int] = NO_WINDOW, softcap: float = 0.0, alibi: bool = False
+    window: Sequence[int] = NO_WINDOW, softcap: float = 0.0, alibi: bool = False,
+    dropout: float = 0.0,
 ) -> str:
     """The ``feature`` of a problem, as results record it.
 
-    ``"dense"`` without window, softcap and ALiBi; otherwise the features set,
+    ``"dense"`` without window, softcap, ALiBi and dropout; otherwise the features set,
     joined by ``+`` in the order ``window`` (a window other than ``(-1, -1)``),
-    ``softcap`` (``softcap > 0``), ``alibi``: ``"window+softcap"``,
-    ``"alibi"``, ...  A causal mask alone is ``"dense"``.
+    ``softcap`` (``softcap > 0``), ``alibi``, ``dropout`` (``dropout > 0``):
+    ``"window+softcap"``, ``"alibi"``, ``"dropout"``, ...  A causal mask alone is
+    ``"dense"``.
     """
     parts = [name for name, on in (("window", tuple(window) != NO_WINDOW),
-                                   ("softcap", softcap > 0.0), ("alibi", alibi)) if on]
+                                   ("softcap", softcap > 0.0), ("alibi", alibi),
+                                   ("dropout", dropout > 0.0)) if on]
     return "+".join(parts) or "dense"
 
 
 def feature_label(
-    window: Sequence[int] = NO_WINDOW, softcap: float = 0.0, alibi: bool = False
+    window: Sequence[int] = NO_WINDOW, softcap: float = 0.0, alibi: bool = False,
+    dropout: float = 0.0,
 ) -> str:
     """The feature with its values, for tables and notes: ``window=4096,0+softcap=30``,
-    ``alibi`` (its slopes are always :func:`alibi_slopes`)."""
+    ``alibi`` (its slopes are always :func:`alibi_slopes`), ``dropout=0.1``."""
     parts = []
     if tuple(window) != NO_WINDOW:
         parts.append(f"window={window[0]},{window[1]}")
@@ -220,6 +248,8 @@ def feature_label(
         parts.append(f"softcap={softcap:g}")
     if alibi:
         parts.append("alibi")
+    if dropout > 0.0:
+        parts.append(f"dropout={dropout:g}")
     return "+".join(parts) or "dense"
 
 
@@ -236,7 +266,8 @@ class BenchConfig:
     ``seqlen`` is the query length; ``seqlen_k`` and ``nheads_kv`` default (0)
     to ``seqlen`` and ``nheads``, as on the grid.  ``window`` and ``softcap``
     are passed to flashcute as given (``(-1, -1)`` and 0: off); ``alibi`` gives
-    it the slopes of :func:`alibi_slopes`.
+    it the slopes of :func:`alibi_slopes`; ``dropout`` is its ``dropout_p`` (0: off),
+    with a fixed seed and offset (:data:`DROPOUT_SEED`).
     """
 
     dtype: str
@@ -250,6 +281,7 @@ class BenchConfig:
     window: tuple[int, int] = NO_WINDOW
     softcap: float = 0.0
     alibi: bool = False
+    dropout: float = 0.0
 
     def __post_init__(self) -> None:
         # Frozen: fill the defaults through object.__setattr__.
@@ -272,18 +304,19 @@ class BenchConfig:
     @property
     def feature(self) -> str:
         """:func:`feature_name` of this problem (``dense``, ``window``, ...)."""
-        return feature_name(self.window, self.softcap, self.alibi)
+        return feature_name(self.window, self.softcap, self.alibi, self.dropout)
 
     def dense(self) -> BenchConfig:
-        """The same problem without window, softcap and ALiBi (the causal flag stays)."""
-        return dataclasses.replace(self, window=NO_WINDOW, softcap=0.0, alibi=False)
+        """The same problem without window, softcap, ALiBi and dropout (the causal flag
+        stays)."""
+        return dataclasses.replace(self, window=NO_WINDOW, softcap=0.0, alibi=False, dropout=0.0)
 
     @property
     def label(self) -> str:
         """Short human-readable description, used in notes and errors."""
         mask = "causal" if self.causal else "non-causal"
         if self.feature != "dense":
-            mask += f" {feature_label(self.window, self.softcap, self.alibi)}"
+            mask += f" {feature_label(self.window, self.softcap, self.alibi, self.dropout)}"
         if self.seqlen_k == self.seqlen and self.nheads_kv == self.nheads:
             return (
                 f"{self.dtype} hdim={self.hdim} {mask} seqlen={self.seqlen} "
@@ -299,7 +332,8 @@ class BenchConfig:
     def key(self) -> RowKey:
         """The tuple identifying a table row."""
         return (self.dtype, self.hdim, self.causal, self.seqlen, self.seqlen_k, self.batch,
-                self.nheads, self.nheads_kv, tuple(self.window), self.softcap, self.alibi)
+                self.nheads, self.nheads_kv, tuple(self.window), self.softcap, self.alibi,
+                self.dropout)
 
 
 @dataclasses.dataclass
@@ -309,7 +343,7 @@ class BenchRow:
     ``bwd_tflops`` is ``None`` when the backward pass was not timed (no
     ``--bwd``, or the implementation has no backward); it is then left out
     of the JSON output.  ``seqlen_k`` and ``nheads_kv`` default (0) to
-    ``seqlen`` and ``nheads``; ``window``, ``softcap`` and ``alibi`` to off.
+    ``seqlen`` and ``nheads``; ``window``, ``softcap``, ``alibi`` and ``dropout`` to off.
     """
 
     impl: str
@@ -326,6 +360,7 @@ class BenchRow:
     window: tuple[int, int] = NO_WINDOW
     softcap: float = 0.0
     alibi: bool = False
+    dropout: float = 0.0
 
     def __post_init__(self) -> None:
         self.seqlen_k = self.seqlen_k or self.seqlen
@@ -342,17 +377,18 @@ class BenchRow:
     def key(self) -> RowKey:
         """The tuple identifying a table row (same as :attr:`BenchConfig.key`)."""
         return (self.dtype, self.hdim, self.causal, self.seqlen, self.seqlen_k, self.batch,
-                self.nheads, self.nheads_kv, tuple(self.window), self.softcap, self.alibi)
+                self.nheads, self.nheads_kv, tuple(self.window), self.softcap, self.alibi,
+                self.dropout)
 
     @property
     def feature(self) -> str:
         """:func:`feature_name` of the measured problem."""
-        return feature_name(self.window, self.softcap, self.alibi)
+        return feature_name(self.window, self.softcap, self.alibi, self.dropout)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict with the full shape and the ``feature``; ``bwd_tflops`` only when
-        it was measured, ``window`` ([left, right]), ``softcap`` and ``alibi`` (true) only
-        when set.
+        it was measured, ``window`` ([left, right]), ``softcap``, ``alibi`` (true) and
+        ``dropout`` only when set.
 
         ``seqlen`` (the query length) stays beside ``seqlen_q`` for older readers.
         """
@@ -368,14 +404,16 @@ class BenchRow:
             out["softcap"] = self.softcap
         if self.alibi:
             out["alibi"] = True
+        if self.dropout > 0.0:
+            out["dropout"] = self.dropout
         if self.bwd_tflops is not None:
             out["bwd_tflops"] = self.bwd_tflops
         return out
 
 
 def dense_key(key: RowKey) -> RowKey:
-    """The key of the same problem without window, softcap and ALiBi."""
-    return (*key[:8], NO_WINDOW, 0.0, False)  # type: ignore[return-value]
+    """The key of the same problem without window, softcap, ALiBi and dropout."""
+    return (*key[:8], NO_WINDOW, 0.0, False, 0.0)  # type: ignore[return-value]
 
 
 class Notes:
@@ -460,20 +498,23 @@ def build_shapes(
 
 def with_feature(
     configs: Sequence[BenchConfig], window: Sequence[int] = NO_WINDOW, softcap: float = 0.0,
-    *, alibi: bool = False, with_dense: bool = False,
+    *, alibi: bool = False, dropout: float = 0.0, with_dense: bool = False,
 ) -> list[BenchConfig]:
-    """``configs`` with ``window``, ``softcap`` and ``alibi`` set; with ``with_dense``, each
-    one's dense problem comes right before it (so that both are timed close together).
+    """``configs`` with ``window``, ``softcap``, ``alibi`` and ``dropout`` set; with
+    ``with_dense``, each one's dense problem comes right before it (so that both are timed
+    close together).
 
-    ``with_dense`` without a window, softcap or ALiBi changes nothing.
+    ``with_dense`` without a window, softcap, ALiBi or dropout changes nothing.
     """
     window = check_window(tuple(window))
     softcap = check_softcap(softcap)
+    dropout = check_dropout(dropout)
     if not isinstance(alibi, bool):
         raise ValueError(f"alibi: expected a bool, got {alibi!r}")
     out: list[BenchConfig] = []
     for cfg in configs:
-        featured = dataclasses.replace(cfg, window=window, softcap=softcap, alibi=alibi)
+        featured = dataclasses.replace(cfg, window=window, softcap=softcap, alibi=alibi,
+                                       dropout=dropout)
         if with_dense and featured.feature != "dense":
             out.append(cfg.dense())
         out.append(featured)

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .grid import (
+    DROPOUT_SEED,
     FA3_DTYPES,
     FA3_HDIMS,
     FA3_IMPLS,
@@ -145,23 +146,28 @@ def impl_unavailable_reason(
 
 
 def feature_skip_reason(
-    impl: str, window: Sequence[int] = NO_WINDOW, softcap: float = 0.0, alibi: bool = False
+    impl: str, window: Sequence[int] = NO_WINDOW, softcap: float = 0.0, alibi: bool = False,
+    dropout: float = 0.0,
 ) -> str | None:
-    """Why ``impl`` is not timed with this window, softcap and ALiBi, or ``None`` if it is.
+    """Why ``impl`` is not timed with this window, softcap, ALiBi and dropout, or ``None``
+    if it is.
 
     Only flashcute computes them: SDPA has no sliding-window, softcap or ALiBi
     kernel (a dense boolean or additive mask would time another algorithm, and
     softcap has no form at all), and the FlashAttention-3 build timed beside
     flashcute has none of them.  These implementations are timed on dense
-    problems only.
+    problems only, dropout included (their masks would differ from flashcute's,
+    so ``--check`` could not hold them to one reference).
     """
-    if impl in FLASHCUTE_IMPLS or feature_name(window, softcap, alibi) == "dense":
+    if impl in FLASHCUTE_IMPLS or feature_name(window, softcap, alibi, dropout) == "dense":
         return None
-    what = feature_label(window, softcap, alibi)
+    what = feature_label(window, softcap, alibi, dropout)
     if impl in FA3_IMPLS:
         why = "the FlashAttention-3 build timed here has no window, softcap or ALiBi"
     else:
         why = "SDPA has no sliding-window, softcap or ALiBi kernel"
+    if feature_name(window, softcap, alibi) == "dense":  # dropout alone
+        why = "dropout is timed for flashcute only (another mask would not be checkable)"
     return (f"{impl} not timed with {what}: {why}; it is timed on dense problems only "
             f"(--with-dense adds them)")
 
@@ -349,6 +355,7 @@ def alibi_tensor(q: Tensor) -> Tensor:
 def make_forward_fn(
     impl: str, q: Tensor, k: Tensor, v: Tensor, causal: bool,
     *, window: Sequence[int] = NO_WINDOW, softcap: float = 0.0, alibi: bool = False,
+    dropout: float = 0.0,
 ) -> Callable[[], Tensor]:
     """A zero-argument callable running one forward pass of ``impl``.
 
@@ -359,10 +366,11 @@ def make_forward_fn(
     is in the callee's native layout; FlashAttention-3's is its output tensor
     whether its version returns ``out`` or ``(out, lse)``.  ``window``,
     ``softcap`` and ``alibi`` (the slopes of :func:`alibi_tensor`, made once
-    here) go to flashcute only; other implementations refuse them (ValueError,
-    see :func:`feature_skip_reason`).
+    here) and ``dropout`` (its ``dropout_p``, seed and offset :data:`~.grid.DROPOUT_SEED`)
+    go to flashcute only; other implementations refuse them (ValueError, see
+    :func:`feature_skip_reason`).
     """
-    reason = feature_skip_reason(impl, window, softcap, alibi)
+    reason = feature_skip_reason(impl, window, softcap, alibi, dropout)
     if reason is not None:
         raise ValueError(reason)
     if impl in FLASHCUTE_IMPLS:
@@ -376,6 +384,9 @@ def make_forward_fn(
             features["softcap"] = softcap
         if alibi:
             features["alibi_slopes"] = alibi_tensor(q)
+        if dropout > 0.0:
+            seed, offset = DROPOUT_SEED
+            features.update(dropout_p=dropout, dropout_seed=seed, dropout_offset=offset)
         return lambda: fc.attention(q, k, v, causal=causal, backend=backend, **features)
     if impl in SDPA_IMPLS:
         return sdpa_forward(q, k, v, causal)
@@ -393,17 +404,19 @@ def make_forward_fn(
 def make_backward_fn(
     impl: str, q: Tensor, k: Tensor, v: Tensor, causal: bool,
     *, window: Sequence[int] = NO_WINDOW, softcap: float = 0.0, alibi: bool = False,
+    dropout: float = 0.0,
 ) -> Callable[[], Any]:
     """A zero-argument callable running only the backward pass of ``impl``.
 
     The forward runs once here (call inside :func:`impl_context`), with
-    ``window``, ``softcap`` and ``alibi`` as in :func:`make_forward_fn`; the callable
+    ``window``, ``softcap``, ``alibi`` and ``dropout`` as in :func:`make_forward_fn`; the callable
     computes ``torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)``
     so that it can be repeated.
     """
     import torch  # noqa: PLC0415
 
     qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
-    out = make_forward_fn(impl, qg, kg, vg, causal, window=window, softcap=softcap, alibi=alibi)()
+    out = make_forward_fn(impl, qg, kg, vg, causal, window=window, softcap=softcap, alibi=alibi,
+                          dropout=dropout)()
     dout = torch.randn_like(out)
     return lambda: torch.autograd.grad(out, (qg, kg, vg), dout, retain_graph=True)

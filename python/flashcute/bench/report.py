@@ -99,7 +99,7 @@ def format_table(rows: Sequence[BenchRow], impls: Sequence[str] | None = None) -
         else:
             cells = [m.dtype, str(m.hdim), "yes" if m.causal else "no", str(m.seqlen),
                      str(m.batch), str(m.nheads)]
-        cells += [feature_label(m.window, m.softcap, m.alibi)] if featured else []
+        cells += [feature_label(m.window, m.softcap, m.alibi, m.dropout)] if featured else []
         # The dense line of the same shape; none for a dense line itself.
         dense = by_key.get(dense_key(key), {}) if m.feature != "dense" else {}
         cells += [_fmt_tflops(per_impl.get(i)) for i in impls]
@@ -191,7 +191,7 @@ def plot_results(
     hdims = sorted({r.hdim for r in rows})
     causals = sorted({r.causal for r in rows})
     seqlens = sorted({r.seqlen for r in rows})
-    features = list(dict.fromkeys((tuple(r.window), r.softcap, r.alibi) for r in rows))
+    features = list(dict.fromkeys((tuple(r.window), r.softcap, r.alibi, r.dropout) for r in rows))
     lines = [(impl, feature) for impl in _ordered_impls(rows) for feature in features]
     nrows, ncols = max(1, len(hdims)), max(1, len(causals))
     fig, axes = plt.subplots(nrows, ncols, figsize=(5.5 * ncols, 3.8 * nrows), squeeze=False)
@@ -202,7 +202,7 @@ def plot_results(
             for ii, (impl, feature) in enumerate(lines):
                 sel = sorted(
                     (r for r in rows if r.impl == impl and r.hdim == hdim and r.causal == causal
-                     and (tuple(r.window), r.softcap, r.alibi) == feature),
+                     and (tuple(r.window), r.softcap, r.alibi, r.dropout) == feature),
                     key=lambda r: r.seqlen,
                 )
                 if not sel:

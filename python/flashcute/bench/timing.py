@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from .grid import (
     CHECK_ATOL,
+    DROPOUT_SEED,
     FA3_IMPLS,
     FLASHCUTE_IMPLS,
     NO_WINDOW,
@@ -173,7 +174,7 @@ def time_impl(
         with impl_context(impl):
             try:
                 fn = make_forward_fn(impl, q, k, v, cfg.causal, window=cfg.window,
-                                     softcap=cfg.softcap, alibi=cfg.alibi)
+                                     softcap=cfg.softcap, alibi=cfg.alibi, dropout=cfg.dropout)
                 fwd_ms = time_fn(fn, warmup_ms=warmup_ms, rep_ms=rep_ms)
             except Exception as exc:  # noqa: BLE001 - unsupported config
                 notes.add(f"{impl} failed on {cfg.label}: {short_error(exc)}")
@@ -182,7 +183,8 @@ def time_impl(
             if bwd and backward_supported(impl):
                 try:
                     fn = make_backward_fn(impl, q, k, v, cfg.causal, window=cfg.window,
-                                          softcap=cfg.softcap, alibi=cfg.alibi)
+                                          softcap=cfg.softcap, alibi=cfg.alibi,
+                                          dropout=cfg.dropout)
                     bwd_ms = time_fn(fn, warmup_ms=warmup_ms, rep_ms=rep_ms)
                     bwd_tflops = tflops_from_ms(config_flops(cfg, backward=True), bwd_ms)
                 except Exception as exc:  # noqa: BLE001
@@ -201,7 +203,8 @@ def median_row(rows: Sequence[BenchRow]) -> BenchRow:
 
 def feature_reference(
     q: Tensor, k: Tensor, v: Tensor, causal: bool, *, window: Sequence[int] = NO_WINDOW,
-    softcap: float = 0.0, alibi: bool = False, chunk_bytes: int = REFERENCE_CHUNK_BYTES,
+    softcap: float = 0.0, alibi: bool = False, dropout: float = 0.0,
+    chunk_bytes: int = REFERENCE_CHUNK_BYTES,
 ) -> Tensor:
     """``flashcute.reference.attention`` in float32, a few (batch, head) slices at a time.
 
@@ -209,7 +212,9 @@ def feature_reference(
     (each slice with its kv head) keeps every call near ``chunk_bytes`` of
     scores, and leaves the bottom-right alignment intact (slicing query rows
     would not).  With ``alibi``, each head slice takes its slopes of
-    :func:`~.impls.alibi_tensor`.  Output: float32, ``(batch, seqlen_q, nheads, hdim)``.
+    :func:`~.impls.alibi_tensor`; with ``dropout``, its slice of the keep mask of
+    :data:`~.grid.DROPOUT_SEED` (``flashcute.testing.dropout_keep_mask``).  Output: float32,
+    ``(batch, seqlen_q, nheads, hdim)``.
     """
     import torch  # noqa: PLC0415
 
@@ -223,6 +228,12 @@ def feature_reference(
     batches = max(1, chunk_bytes // (per_head * heads)) if heads == group else 1
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     slopes = alibi_tensor(q) if alibi else None
+    keep = None
+    if dropout > 0.0:
+        from flashcute.testing import dropout_keep_mask  # noqa: PLC0415
+
+        keep = dropout_keep_mask(batch, nheads, seqlen_q, seqlen_k, dropout, *DROPOUT_SEED,
+                                 device=q.device)
     with torch.no_grad():
         for b0 in range(0, batch, batches):
             bs = slice(b0, min(b0 + batches, batch))
@@ -234,13 +245,14 @@ def feature_reference(
                         v[bs, :, kv_head:kv_head + 1], causal=causal, window=tuple(window),
                         softcap=softcap, dtype=torch.float32,
                         alibi_slopes=slopes[hs] if slopes is not None else None,
+                        dropout_p=dropout, dropout_mask=keep[bs, hs] if keep is not None else None,
                     )
     return out
 
 
 def reference_output(
     q: Tensor, k: Tensor, v: Tensor, causal: bool, *, window: Sequence[int] = NO_WINDOW,
-    softcap: float = 0.0, alibi: bool = False,
+    softcap: float = 0.0, alibi: bool = False, dropout: float = 0.0,
 ) -> Tensor:
     """The output of flashcute's problem for ``--check``, in ``(batch, seqlen_q, nheads,
     hdim)`` layout.
@@ -249,13 +261,14 @@ def reference_output(
     efficient, math).  Causal is bottom-right aligned
     (:func:`~.impls.sdpa_forward`); query rows with no key to see (causal,
     ``seqlen_q > seqlen_k``) are zero, as in flashcute, where SDPA may leave
-    NaN.  With a window, softcap or ALiBi, which SDPA cannot compute, it is
-    :func:`feature_reference`.
+    NaN.  With a window, softcap, ALiBi or dropout, which SDPA cannot compute (with
+    flashcute's mask), it is :func:`feature_reference`.
     """
     import torch  # noqa: PLC0415
 
-    if feature_name(window, softcap, alibi) != "dense":
-        return feature_reference(q, k, v, causal, window=window, softcap=softcap, alibi=alibi)
+    if feature_name(window, softcap, alibi, dropout) != "dense":
+        return feature_reference(q, k, v, causal, window=window, softcap=softcap, alibi=alibi,
+                                 dropout=dropout)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out = sdpa_forward(q, k, v, causal)().transpose(1, 2)
@@ -281,7 +294,7 @@ def check_impl(
 
     with torch.no_grad():
         out = make_forward_fn(impl, q, k, v, cfg.causal, window=cfg.window,
-                              softcap=cfg.softcap, alibi=cfg.alibi)()
+                              softcap=cfg.softcap, alibi=cfg.alibi, dropout=cfg.dropout)()
     torch.cuda.synchronize()
     shape_note, err = "", math.inf  # max |out - ref| in fp32; inf on mismatch or NaN/inf
     if tuple(out.shape) != tuple(ref.shape):
@@ -303,7 +316,7 @@ def _progress_label(cfg: BenchConfig) -> str:
     """The configuration, briefly, for the progress bar."""
     mask = "causal" if cfg.causal else "full"
     if cfg.feature != "dense":
-        mask += f" {feature_label(cfg.window, cfg.softcap, cfg.alibi)}"
+        mask += f" {feature_label(cfg.window, cfg.softcap, cfg.alibi, cfg.dropout)}"
     if cfg.seqlen_k == cfg.seqlen and cfg.nheads_kv == cfg.nheads:
         return f"hdim={cfg.hdim} {mask} s={cfg.seqlen}"
     return (f"{cfg.batch},{cfg.seqlen},{cfg.seqlen_k},{cfg.nheads},{cfg.nheads_kv},{cfg.hdim} "
@@ -335,13 +348,15 @@ def run_benchmark(
         runnable: list[str] = []
         for impl in impls:
             progress.set_postfix_str(f"{impl} {_progress_label(cfg)}")
-            reason = feature_skip_reason(impl, cfg.window, cfg.softcap, cfg.alibi) or impl_skip_reason(
+            reason = feature_skip_reason(impl, cfg.window, cfg.softcap, cfg.alibi,
+                                         cfg.dropout) or impl_skip_reason(
                 impl, cfg.hdim, cfg.dtype, build_info, capability)
             if reason is None and check and impl in FLASHCUTE_IMPLS + FA3_IMPLS:
                 try:
                     if ref is None:
                         ref = reference_output(q, k, v, cfg.causal, window=cfg.window,
-                                               softcap=cfg.softcap, alibi=cfg.alibi)
+                                               softcap=cfg.softcap, alibi=cfg.alibi,
+                                               dropout=cfg.dropout)
                 except Exception as exc:  # noqa: BLE001 - nothing to check against
                     what = "SDPA reference" if cfg.feature == "dense" else "reference"
                     reason = (f"{impl} skipped on {cfg.label}: --check's {what} failed "
