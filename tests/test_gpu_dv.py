@@ -249,3 +249,25 @@ def test_deterministic_and_ampere_name_v(gen):
         flashcute.attention_backward(dout, q, k, v, out, lse, deterministic=True)
     with pytest.raises(ValueError, match=r"^v: head dim 128 differs from q's and k's 192"):
         flashcute.attention_backward(dout, q, k, v, out, lse, backend="ampere")
+
+
+@needs_backward
+@pytest.mark.parametrize("causal", [False, True])
+def test_dropout(gen, causal):
+    """Dropout (main's P hook) on the pair: forward and backward against the reference under
+    the kernels' keep mask."""
+    from test_gpu_dropout import OFFSET, SEED, check_grads as check_dropout_grads, keep_mask
+
+    p = 0.17
+    q, k, v = make_qkv(gen, 2, 131, 200, 4, 2, "bfloat16")
+    dout = randn(gen, 2, 131, 4, PAIR[1], dtype="bfloat16")
+    drop = dict(dropout_p=p, dropout_seed=SEED, dropout_offset=OFFSET)
+    out, lse = flashcute.attention(q, k, v, causal=causal, return_lse=True, **drop)
+    mask = keep_mask(2, 4, 131, 200, p)
+    ref = reference.attention(q, k, v, causal=causal, dropout_p=p, dropout_mask=mask, dtype=torch.float64)
+    low = reference.attention(q, k, v, causal=causal, dropout_p=p, dropout_mask=mask, dtype=q.dtype)
+    assert out.shape == dout.shape and torch.isfinite(out).all()
+    err = (out.double() - ref).abs().max().item()
+    assert err <= 2 * (low.double() - ref).abs().max().item() + OUT_ABS_FLOOR
+    grads = flashcute.attention_backward(dout, q, k, v, out, lse, causal=causal, **drop)
+    check_dropout_grads(grads, q, k, v, dout, mask, p, causal=causal)
