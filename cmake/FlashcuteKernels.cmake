@@ -1,9 +1,15 @@
 # Kernel instantiations are generated from option lists, one translation unit per
-# (dtype, head dim), so builds parallelize and a narrower list builds faster.
+# (dtype, head dim) or (dtype, head dim pair), so builds parallelize and a narrower list builds
+# faster.
+# PAIRS ("d,dv" entries) adds one unit per (dtype, pair) of a kernel whose V head dim differs
+# (name suffix _dv<dv>, template argument @FC_DV_ARG@) and OUT_PAIR_XMACRO lists them as
+# X(dtype, enum, d, dv).
 function(flashcute_generate_kernels)
-  cmake_parse_arguments(ARG "" "TEMPLATE;PREFIX;OUT_SOURCES;OUT_XMACRO" "HEAD_DIMS;DTYPES;SUPPORTED" ${ARGN})
+  cmake_parse_arguments(ARG "" "TEMPLATE;PREFIX;OUT_SOURCES;OUT_XMACRO;OUT_PAIR_XMACRO" "HEAD_DIMS;DTYPES;SUPPORTED;PAIRS"
+                        ${ARGN})
   set(sources "")
   set(xmacro "")
+  set(pair_xmacro "")
   foreach(dtype IN LISTS ARG_DTYPES)
     if(dtype STREQUAL "float16")
       set(FC_DTYPE fp16)
@@ -20,14 +26,35 @@ function(flashcute_generate_kernels)
       if(NOT FC_HEADDIM IN_LIST ARG_SUPPORTED)
         message(FATAL_ERROR "${ARG_PREFIX}: head dim ${FC_HEADDIM} not supported (${ARG_SUPPORTED})")
       endif()
+      set(FC_DV_SUFFIX "")
+      set(FC_DV_ARG "")
       set(out "${CMAKE_CURRENT_BINARY_DIR}/generated/${ARG_PREFIX}_${FC_DTYPE}_hd${FC_HEADDIM}.cu")
       configure_file(${ARG_TEMPLATE} ${out} @ONLY)
       list(APPEND sources ${out})
       string(APPEND xmacro "X(${FC_DTYPE}, ${enum}, ${FC_HEADDIM}) ")
     endforeach()
+    foreach(pair IN LISTS ARG_PAIRS)
+      if(NOT pair MATCHES "^([0-9]+),([0-9]+)$")
+        message(FATAL_ERROR "${ARG_PREFIX}: '${pair}' is not a pair d,dv")
+      endif()
+      set(FC_HEADDIM ${CMAKE_MATCH_1})
+      set(headdim_v ${CMAKE_MATCH_2})
+      if(NOT pair IN_LIST ARG_SUPPORTED)
+        message(FATAL_ERROR "${ARG_PREFIX}: head dim pair ${pair} not supported (${ARG_SUPPORTED})")
+      endif()
+      set(FC_DV_SUFFIX "_dv${headdim_v}")
+      set(FC_DV_ARG ", ${headdim_v}")
+      set(out "${CMAKE_CURRENT_BINARY_DIR}/generated/${ARG_PREFIX}_${FC_DTYPE}_hd${FC_HEADDIM}_dv${headdim_v}.cu")
+      configure_file(${ARG_TEMPLATE} ${out} @ONLY)
+      list(APPEND sources ${out})
+      string(APPEND pair_xmacro "X(${FC_DTYPE}, ${enum}, ${FC_HEADDIM}, ${headdim_v}) ")
+    endforeach()
   endforeach()
   set(${ARG_OUT_SOURCES} ${sources} PARENT_SCOPE)
   set(${ARG_OUT_XMACRO} "${xmacro}" PARENT_SCOPE)
+  if(ARG_OUT_PAIR_XMACRO)
+    set(${ARG_OUT_PAIR_XMACRO} "${pair_xmacro}" PARENT_SCOPE)
+  endif()
 endfunction()
 
 # Writes #define FLASHCUTE_<PATH>_TILE_<hd> <config> for each "hd=config" entry, so tile shapes

@@ -38,6 +38,12 @@ bool roundable(int headdim) { return headdim > 0 && headdim % 8 == 0; }
 // A call's head dim as the kernel lookups take it; one too large for them becomes 0 (none).
 int lookup_headdim(int64_t headdim) { return headdim > 4096 ? 0 : static_cast<int>(headdim); }
 
+// V's head dim (and out's, dout's, dv's): headdim_v, or headdim where it is 0.
+template <class Params>
+int64_t v_headdim(const Params& p) {
+  return p.headdim_v == 0 ? p.headdim : p.headdim_v;
+}
+
 }  // namespace
 
 int fwd_kernel_headdim(Backend backend, DType dtype, int headdim) {
@@ -78,6 +84,33 @@ FwdLauncher find_fwd_launcher(Backend backend, DType dtype, int headdim) {
     FLASHCUTE_FOR_EACH_HOPPER_FWD(FLASHCUTE_MATCH_HOPPER_FWD)
 #undef FLASHCUTE_MATCH_HOPPER_FWD
   }
+  return nullptr;
+}
+
+KernelHeadDims fwd_kernel_pair(Backend backend, DType dtype, int headdim, int headdim_v) {
+  KernelHeadDims best{0, 0};
+  if (backend != Backend::kHopper || !roundable(headdim) || !roundable(headdim_v)) return best;
+  auto consider = [&](DType d, int kernel_headdim, int kernel_headdim_v) {
+    if (d != dtype || kernel_headdim < headdim || kernel_headdim_v < headdim_v) return;
+    if (best.headdim == 0 || kernel_headdim + kernel_headdim_v < best.headdim + best.headdim_v)
+      best = KernelHeadDims{kernel_headdim, kernel_headdim_v};
+  };
+#define FLASHCUTE_CONSIDER_HOPPER_FWD_DV(name, dtype_enum, hd, hdv) consider(DType::dtype_enum, hd, hdv);
+  FLASHCUTE_FOR_EACH_HOPPER_FWD_DV(FLASHCUTE_CONSIDER_HOPPER_FWD_DV)
+#undef FLASHCUTE_CONSIDER_HOPPER_FWD_DV
+  (void)consider;
+  return best;
+}
+
+FwdLauncher find_fwd_launcher(Backend backend, DType dtype, int headdim, int headdim_v) {
+  if (headdim_v == headdim) return find_fwd_launcher(backend, dtype, headdim);
+  const KernelHeadDims kernel = fwd_kernel_pair(backend, dtype, headdim, headdim_v);
+#define FLASHCUTE_MATCH_HOPPER_FWD_DV(name, dtype_enum, hd, hdv)                      \
+  if (dtype == DType::dtype_enum && kernel.headdim == hd && kernel.headdim_v == hdv) \
+    return &hopper::fwd_##name##_hd##hd##_dv##hdv;
+  FLASHCUTE_FOR_EACH_HOPPER_FWD_DV(FLASHCUTE_MATCH_HOPPER_FWD_DV)
+#undef FLASHCUTE_MATCH_HOPPER_FWD_DV
+  (void)kernel;
   return nullptr;
 }
 
@@ -162,6 +195,7 @@ Status check_problem(const Params& p) {
                        static_cast<long long>(p.seqlen_q), static_cast<long long>(p.seqlen_k));
   if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.nheads < 0 || p.nheads_kv < 0 || p.headdim <= 0)
     return invalid("sizes must be non-negative and headdim positive");
+  if (p.headdim_v < 0) return invalid("headdim_v: expected 0 (v's head dim is headdim) or a positive head dim");
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16)
     return invalid("dtype: expected float16 or bfloat16");
   if (p.nheads_kv == 0 ? p.nheads != 0 : p.nheads % p.nheads_kv != 0)
@@ -249,12 +283,12 @@ Status check_forward(const AttentionForwardParams& p) {
               p.q_head_stride, 2),
       tensor4("k", p.k, kr.batch, kr.rows, p.nheads_kv, p.headdim, kr.batch_stride(p.k_batch_stride),
               p.k_row_stride, p.k_head_stride, 2, has_k),
-      tensor4("v", p.v, kr.batch, kr.rows, p.nheads_kv, p.headdim, kr.batch_stride(p.v_batch_stride),
+      tensor4("v", p.v, kr.batch, kr.rows, p.nheads_kv, v_headdim(p), kr.batch_stride(p.v_batch_stride),
               p.v_row_stride, p.v_head_stride, 2, has_k),
       alibi_operand(p),
   };
   const Operand outputs[] = {
-      tensor4("out", p.out, qr.batch, qr.rows, p.nheads, p.headdim, qr.batch_stride(p.out_batch_stride),
+      tensor4("out", p.out, qr.batch, qr.rows, p.nheads, v_headdim(p), qr.batch_stride(p.out_batch_stride),
               p.out_row_stride, p.out_head_stride, 2),
       lse_tensor("lse", p.lse, qr.batch, p.nheads, qr.rows, qr.batch_stride(p.lse_batch_stride),
                  p.lse_head_stride),
@@ -326,6 +360,7 @@ FwdKernelParams kernel_params(const AttentionForwardParams& p) {
   k.nheads = static_cast<int>(p.nheads);
   k.heads_per_kv = static_cast<int>(p.nheads / p.nheads_kv);
   k.headdim = static_cast<int>(p.headdim);
+  k.headdim_v = static_cast<int>(v_headdim(p));
   k.softmax_scale = p.softmax_scale;
   k.scale_log2 = p.softmax_scale * 1.4426950408889634f;
   k.causal = p.causal;
@@ -337,14 +372,18 @@ FwdKernelParams kernel_params(const AttentionForwardParams& p) {
   return k;
 }
 
+// The head dim of the backward kernel a call runs on: the call's, or the wider of its two head
+// dims where V's differs (the Hopper path then runs it on a kernel at least as wide as both).
+int64_t bwd_call_headdim(const AttentionBackwardParams& p) { return std::max(p.headdim, v_headdim(p)); }
+
 // The backward's workspace for the path that runs it (bwd_workspace.h): both paths add dQ
 // into an fp32 accumulator, except the Ampere path's deterministic design. Its rows are as
 // wide as the kernel's head dim (the call's rounded up).
 BwdWorkspace workspace_layout(const AttentionBackwardParams& p, Backend resolved) {
   const bool hopper = resolved == Backend::kHopper;
-  const int kernel_headdim = bwd_kernel_headdim(resolved, p.dtype, lookup_headdim(p.headdim));
+  const int kernel_headdim = bwd_kernel_headdim(resolved, p.dtype, lookup_headdim(bwd_call_headdim(p)));
   return bwd_workspace(p.batch, p.nheads, p.nheads_kv, p.seqlen_q, p.seqlen_k,
-                       kernel_headdim > 0 ? kernel_headdim : p.headdim,
+                       kernel_headdim > 0 ? kernel_headdim : bwd_call_headdim(p),
                        /*lse_log2=*/hopper, /*dq_accum=*/hopper || !p.deterministic, /*dq_ready=*/hopper,
                        /*tail_split=*/hopper && !varlen(p) && hopper_bwd_tail_split(requests_band(p)));
 }
@@ -359,28 +398,32 @@ Status check_backward(const AttentionBackwardParams& p) {
     return invalid("dout, q, k, v, out, lse, dq, dk and dv must not be null");
   if (Status s = check_alibi(p); !s.ok()) return s;
   const Rows qr = q_rows(p), kr = k_rows(p);
-  auto q_like = [&](const char* name, const void* ptr, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
-    return tensor4(name, ptr, qr.batch, qr.rows, p.nheads, p.headdim, qr.batch_stride(batch_stride), row_stride,
+  // q-like and k-like tensors of headdim columns, or of V's head dim (out, dout; v, dv)
+  const int64_t hd = p.headdim, hdv = v_headdim(p);
+  auto q_like = [&](const char* name, const void* ptr, int64_t batch_stride, int64_t row_stride, int64_t head_stride,
+                    int64_t cols) {
+    return tensor4(name, ptr, qr.batch, qr.rows, p.nheads, cols, qr.batch_stride(batch_stride), row_stride,
                    head_stride, 2, has_q);
   };
-  auto k_like = [&](const char* name, const void* ptr, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
-    return tensor4(name, ptr, kr.batch, kr.rows, p.nheads_kv, p.headdim, kr.batch_stride(batch_stride), row_stride,
+  auto k_like = [&](const char* name, const void* ptr, int64_t batch_stride, int64_t row_stride, int64_t head_stride,
+                    int64_t cols) {
+    return tensor4(name, ptr, kr.batch, kr.rows, p.nheads_kv, cols, kr.batch_stride(batch_stride), row_stride,
                    head_stride, 2, has_k);
   };
   const Operand inputs[] = {
-      q_like("dout", p.dout, p.dout_batch_stride, p.dout_row_stride, p.dout_head_stride),
-      q_like("q", p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride),
-      k_like("k", p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
-      k_like("v", p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride),
-      q_like("out", p.out, p.out_batch_stride, p.out_row_stride, p.out_head_stride),
+      q_like("dout", p.dout, p.dout_batch_stride, p.dout_row_stride, p.dout_head_stride, hdv),
+      q_like("q", p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, hd),
+      k_like("k", p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, hd),
+      k_like("v", p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, hdv),
+      q_like("out", p.out, p.out_batch_stride, p.out_row_stride, p.out_head_stride, hdv),
       lse_tensor("lse", p.lse, qr.batch, p.nheads, qr.rows, qr.batch_stride(p.lse_batch_stride), p.lse_head_stride,
                  has_q),
       alibi_operand(p),
   };
   const Operand outputs[] = {
-      q_like("dq", p.dq, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride),
-      k_like("dk", p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride),
-      k_like("dv", p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride),
+      q_like("dq", p.dq, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride, hd),
+      k_like("dk", p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, hd),
+      k_like("dv", p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride, hdv),
       bytes_buffer("workspace", p.workspace, p.workspace_bytes),
   };
   for (const Operand& o : inputs)  // lse and the slopes are read as single floats
@@ -441,6 +484,7 @@ BwdKernelParams kernel_params(const AttentionBackwardParams& p, Backend resolved
   k.nheads = static_cast<int>(p.nheads);
   k.nheads_kv = static_cast<int>(p.nheads_kv);
   k.headdim = static_cast<int>(p.headdim);
+  k.headdim_v = static_cast<int>(v_headdim(p));
   k.heads_per_kv = static_cast<int>(p.nheads / p.nheads_kv);
   k.softmax_scale = p.softmax_scale;
   k.scale_log2 = p.softmax_scale * 1.4426950408889634f;
@@ -513,7 +557,8 @@ Status resolve_backend(const Params& params, Backend backend, int (*kernel_headd
   if constexpr (kBackward) deterministic = params.deterministic;
   if (backend == Backend::kAuto) {
     backend = default_backend(capability);
-    if (backend == Backend::kHopper) {
+    // A V head dim of its own runs only on the Hopper path's pair kernels (find_launcher).
+    if (backend == Backend::kHopper && v_headdim(params) == params.headdim) {
       const int hopper = kernel_headdim(Backend::kHopper, params.dtype, headdim);
       if (deterministic || hopper == 0 ||
           (hopper != headdim && kernel_headdim(Backend::kAmpere, params.dtype, headdim) == headdim))
@@ -546,8 +591,28 @@ Status find_launcher(const Params& params, Backend backend, Launcher (*find)(Bac
                        "the hopper path needs an sm90 GPU (H100/H200), the device has %d.%d",
                        capability / 10, capability % 10);
 
-  *launcher = find(backend, params.dtype, headdim);
   *resolved = backend;
+  if (v_headdim(params) != params.headdim) {
+    // Only the Hopper path runs calls whose V head dim differs: the forward on a head dim pair
+    // kernel, the backward on a kernel at least as wide as both head dims.
+    const int headdim_v = lookup_headdim(v_headdim(params));
+    *launcher = nullptr;
+    if constexpr (std::is_same_v<Launcher, FwdLauncher>) {
+      *launcher = find_fwd_launcher(backend, params.dtype, headdim, headdim_v);
+    } else if (backend == Backend::kHopper && roundable(headdim) && roundable(headdim_v)) {
+      *launcher = find(backend, params.dtype, std::max(headdim, headdim_v));
+    }
+    if (*launcher == nullptr)
+      return make_status(StatusCode::kNotSupported,
+                         "v: head dim %lld differs from q's %lld; only the hopper path (sm90) runs such calls "
+                         "(%s path, %s %s; hopper forward pairs built: [%s], a backward kernel at least as wide "
+                         "as both head dims: [%s])",
+                         static_cast<long long>(v_headdim(params)), static_cast<long long>(params.headdim),
+                         backend_name(backend), dtype_name(params.dtype), pass, FLASHCUTE_HOPPER_DV_PAIRS,
+                         FLASHCUTE_HOPPER_BWD_HEAD_DIMS);
+    return Status{};
+  }
+  *launcher = find(backend, params.dtype, headdim);
   if (*launcher == nullptr) {
     const bool hopper = backend == Backend::kHopper;
     const char* built = std::is_same_v<Launcher, BwdLauncher> && hopper ? FLASHCUTE_HOPPER_BWD_HEAD_DIMS
@@ -590,14 +655,20 @@ Status attention_forward_workspace_size(const AttentionForwardParams& given, siz
   if (backend == Backend::kAmpere || !device_capability(params.device, &capability).ok()) return Status{};
   Backend resolved = backend;
   if (Status s = resolve_backend(params, backend, &fwd_kernel_headdim, capability, &resolved); !s.ok()) return s;
-  // The split's tiles and state follow the kernel's head dim.
-  const int kernel_headdim = fwd_kernel_headdim(Backend::kHopper, params.dtype, lookup_headdim(params.headdim));
+  // The split's tiles and state follow the kernel's head dims (a pair kernel's where V's differs).
+  int kernel_headdim = fwd_kernel_headdim(Backend::kHopper, params.dtype, lookup_headdim(params.headdim));
+  int kernel_headdim_v = kernel_headdim;
+  if (v_headdim(params) != params.headdim) {
+    const KernelHeadDims pair = fwd_kernel_pair(Backend::kHopper, params.dtype, lookup_headdim(params.headdim),
+                                                lookup_headdim(v_headdim(params)));
+    kernel_headdim = pair.headdim, kernel_headdim_v = pair.headdim_v;
+  }
   if (resolved != Backend::kHopper || capability != 90 || kernel_headdim == 0) return Status{};
   int device = params.device;
   if (device < 0 && cudaGetDevice(&device) != cudaSuccess) return Status{};
   int sms = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return Status{};
-  *bytes = hopper::plan_fwd_split(kernel_params(params), kernel_headdim, sms).workspace.bytes;
+  *bytes = hopper::plan_fwd_split(kernel_params(params), kernel_headdim, sms, kernel_headdim_v).workspace.bytes;
   return Status{};
 }
 
@@ -607,7 +678,7 @@ Status attention_backward_workspace_size(const AttentionBackwardParams& given, s
   const AttentionBackwardParams params = bounded(given);
   if (Status s = check_problem(params); !s.ok()) return s;
   const bool hopper_kernel =
-      bwd_kernel_headdim(Backend::kHopper, params.dtype, lookup_headdim(params.headdim)) > 0;
+      bwd_kernel_headdim(Backend::kHopper, params.dtype, lookup_headdim(bwd_call_headdim(params))) > 0;
   // kAuto follows the device; without a usable device, the larger of the two layouts (their
   // kernels' head dims may differ).
   int capability = 0;
@@ -642,7 +713,8 @@ Status attention_backward(const AttentionBackwardParams& given, Backend backend)
 BuildInfo build_info() {
   return BuildInfo{FLASHCUTE_VERSION,          FLASHCUTE_CUDA_ARCHS,       FLASHCUTE_AMPERE_HEAD_DIMS,
                    FLASHCUTE_AMPERE_DTYPES,    FLASHCUTE_HOPPER_HEAD_DIMS, FLASHCUTE_HOPPER_DTYPES,
-                   CUDART_VERSION,             FLASHCUTE_HOPPER_BWD_HEAD_DIMS};
+                   CUDART_VERSION,             FLASHCUTE_HOPPER_BWD_HEAD_DIMS,
+                   FLASHCUTE_HOPPER_DV_PAIRS};
 }
 
 }  // namespace flashcute

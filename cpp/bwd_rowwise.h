@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(RowwiseShape<kHeadDim>::kThreads)
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
   const int col = lane * 8;
-  const bool active = lane < Shape::kChunks && col < params.headdim;  // the call's columns only
+  const bool active = lane < Shape::kChunks && col < params.headdim_v;  // out's and dout's columns only
   const SeqView seq = SeqView::of(params, batch);
   const int64_t tensor_row = int64_t(seq.q_start) + row;
 

@@ -23,7 +23,7 @@ struct FwdKernelParams {
   int batch, seqlen_q, seqlen_k, nheads;
   int heads_per_kv;  // nheads / nheads_kv: query heads sharing one K/V head
   // The call's head dim, a multiple of 8 up to the kernel's: only these columns are read and
-  // written (kernel columns past it are zero in shared memory).
+  // written (kernel columns past it are zero in shared memory). V's and out's: headdim_v below.
   int headdim;
 
   float softmax_scale;
@@ -61,6 +61,9 @@ struct FwdKernelParams {
   // plan_fwd_split() asks for (hopper/fwd_split_plan.h).
   void* workspace;
   size_t workspace_bytes;
+  // V's and out's head dim (the same as headdim unless the kernel has a V head dim of its own),
+  // likewise up to the kernel's. Last, so that the fields before it keep their offsets.
+  int headdim_v;
 };
 
 // Backward: dQ, dK, dV from dO, the forward's inputs, its output and its LSE. The workspace
@@ -133,6 +136,8 @@ struct BwdKernelParams {
   const int* __restrict__ cu_seqlens_k;
   const int* __restrict__ seqused_k;
   int total_q, total_k;
+  // V's, out's, dout's and dv's head dim (as in FwdKernelParams), after the fields above.
+  int headdim_v;
 };
 
 // Whether the mask bounds keys by more than seqlen_k (causal diagonal or window): per-tile work

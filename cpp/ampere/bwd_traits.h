@@ -10,6 +10,8 @@
 // P and dS go through shared memory, which gives the transposed operands of dV and dK.
 #pragma once
 
+#include <type_traits>
+
 #include <cute/tensor.hpp>
 #include <cute/atom/copy_atom.hpp>
 #include <cute/atom/mma_atom.hpp>
@@ -21,6 +23,17 @@ template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps
           int kWarpsMSdP_, int kWarpsNdKV_, int kQStages_>
 struct BwdTraits {
   using Element = Element_;
+  // Element types per operand, as on the Hopper path (hopper/bwd_elements.h): Q and K, V, O
+  // and dO, the dQ/dK/dV outputs, P and dS. One shared-memory buffer and one MMA serve them
+  // all here, so their types must agree; each use names its operand.
+  using ElementQK = Element;
+  using ElementV = Element;
+  using ElementO = Element;
+  using ElementGrad = Element;
+  using ElementP = Element;
+  static_assert(std::is_same_v<ElementV, ElementQK> && std::is_same_v<ElementO, ElementQK> &&
+                    std::is_same_v<ElementP, ElementQK> && std::is_same_v<ElementGrad, ElementQK>,
+                "one buffer and one MMA serve every operand");
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
@@ -30,7 +43,7 @@ struct BwdTraits {
   static constexpr int kQStages = kQStages_;
   static_assert(kQStages == 1 || kQStages == 2);
 
-  using MmaAtom = std::conditional_t<std::is_same_v<Element, cutlass::half_t>,
+  using MmaAtom = std::conditional_t<std::is_same_v<ElementQK, cutlass::half_t>,
                                      cute::MMA_Atom<cute::SM80_16x8x16_F32F16F16F32_TN>,
                                      cute::MMA_Atom<cute::SM80_16x8x16_F32BF16BF16F32_TN>>;
   // kWarpsM warps along the first mode, the rest along the second; 16×16 per warp and step.
@@ -91,10 +104,10 @@ struct BwdTraits {
   static constexpr int kOffsetDO = kOffsetQ + kQStages * kQElems;
   static constexpr int kOffsetP = kOffsetDO + kQStages * kQElems;
   static constexpr int kOffsetDS = kOffsetP + kPElems;
-  static constexpr int kSmemBytes = (kOffsetDS + kPElems) * int(sizeof(Element));
+  static constexpr int kSmemBytes = (kOffsetDS + kPElems) * int(sizeof(ElementQK));
 
   // Global -> shared: 16-byte cp.async, threads row-major over kSmemRowElems columns.
-  static constexpr int kElemsPer16B = 16 / int(sizeof(Element));
+  static constexpr int kElemsPer16B = 16 / int(sizeof(ElementQK));
   static constexpr int kThreadsPerRow = kSmemRowElems / kElemsPer16B;
   static constexpr int kRowsPerCopy = kNThreads / kThreadsPerRow;
   static_assert(kBlockM % kRowsPerCopy == 0 && kBlockN % kRowsPerCopy == 0);
@@ -102,15 +115,16 @@ struct BwdTraits {
                                         cute::Stride<cute::Int<kThreadsPerRow>, cute::_1>>;
   using GmemValLayout = cute::Layout<cute::Shape<cute::_1, cute::Int<kElemsPer16B>>>;
   using GmemTiledCopyLoad = decltype(cute::make_tiled_copy(
-      cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{},
+      cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, ElementQK>{},
       GmemThreadLayout{}, GmemValLayout{}));
-  using GmemTiledCopyStore = decltype(cute::make_tiled_copy(
-      cute::Copy_Atom<cute::UniversalCopy<cute::uint128_t>, Element>{}, GmemThreadLayout{},
+  using GmemTiledCopyStore = decltype(cute::make_tiled_copy(  // dQ, dK, dV
+      cute::Copy_Atom<cute::UniversalCopy<cute::uint128_t>, ElementGrad>{}, GmemThreadLayout{},
       GmemValLayout{}));
 
-  using SmemCopyAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, Element>;
-  using SmemCopyAtomTransposed = cute::Copy_Atom<cute::SM75_U16x8_LDSM_T, Element>;
-  using SmemCopyAtomStore = cute::Copy_Atom<cute::AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
+  using SmemCopyAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, ElementQK>;
+  using SmemCopyAtomTransposed = cute::Copy_Atom<cute::SM75_U16x8_LDSM_T, ElementQK>;
+  // P and dS, and dK/dV before their store (one type: see the assertion above)
+  using SmemCopyAtomStore = cute::Copy_Atom<cute::AutoVectorizingCopyWithAssumedAlignment<128>, ElementP>;
 
   // dq_accum's order, for bwd_dq_convert.h: a query block's partial is one region, in the
   // register order of TiledMmaDq over all threads (thread t's values i..i+3 at i·kNThreads + 4t).

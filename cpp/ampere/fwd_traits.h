@@ -5,6 +5,8 @@
 // K/V tile and no reduction between warps is needed.
 #pragma once
 
+#include <type_traits>
+
 #include <cute/tensor.hpp>
 #include <cute/atom/copy_atom.hpp>
 #include <cute/atom/mma_atom.hpp>
@@ -16,6 +18,15 @@ template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps
           bool kQInRegs_>
 struct FwdTraits {
   using Element = Element_;
+  // Element types per operand, as on the Hopper path (hopper/fwd_traits.h): Q and K, V, O, and
+  // P as P·V's A operand. One shared-memory buffer, copy atom and MMA serve Q, K and V here, so
+  // their types must agree; O (registers -> shared -> global) and P may differ.
+  using ElementQK = Element;
+  using ElementV = Element;
+  using ElementO = Element;
+  using ElementP = ElementV;
+  static_assert(std::is_same_v<ElementV, ElementQK> && std::is_same_v<ElementP, ElementQK>,
+                "one buffer and one MMA serve Q, K, V and P");
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
@@ -32,7 +43,7 @@ struct FwdTraits {
   static constexpr bool kLookaheadK = kRowsPerWarp <= 16;
   static_assert(kBlockM % (16 * kNWarps) == 0 && kBlockN % 16 == 0 && kHeadDim % 32 == 0);
 
-  using MmaAtom = std::conditional_t<std::is_same_v<Element, cutlass::half_t>,
+  using MmaAtom = std::conditional_t<std::is_same_v<ElementQK, cutlass::half_t>,
                                      cute::MMA_Atom<cute::SM80_16x8x16_F32F16F16F32_TN>,
                                      cute::MMA_Atom<cute::SM80_16x8x16_F32BF16BF16F32_TN>>;
   using TiledMma = cute::TiledMMA<MmaAtom, cute::Layout<cute::Shape<cute::Int<kNWarps>, cute::_1, cute::_1>>,
@@ -65,26 +76,26 @@ struct FwdTraits {
   static constexpr int kSmemElems =
       kQInRegs ? kStageElems + cute::max(kQElems, (kStages - 1) * kStageElems)
                : kQElems + kStages * kStageElems;
-  static constexpr int kSmemBytes = kSmemElems * int(sizeof(Element));
+  static constexpr int kSmemBytes = kSmemElems * int(sizeof(ElementQK));
 
   // Global -> shared: 16-byte cp.async, threads laid out row-major over kSmemRowElems columns.
-  static constexpr int kElemsPer16B = 16 / int(sizeof(Element));
+  static constexpr int kElemsPer16B = 16 / int(sizeof(ElementQK));
   static constexpr int kThreadsPerRow = kSmemRowElems / kElemsPer16B;
   static_assert(kNThreads % kThreadsPerRow == 0);
   using GmemThreadLayout = cute::Layout<cute::Shape<cute::Int<kNThreads / kThreadsPerRow>, cute::Int<kThreadsPerRow>>,
                                         cute::Stride<cute::Int<kThreadsPerRow>, cute::_1>>;
   using GmemValLayout = cute::Layout<cute::Shape<cute::_1, cute::Int<kElemsPer16B>>>;
   using GmemTiledCopyLoad = decltype(cute::make_tiled_copy(
-      cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{},
+      cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, ElementQK>{},
       GmemThreadLayout{}, GmemValLayout{}));
   using GmemTiledCopyStore = decltype(cute::make_tiled_copy(
-      cute::Copy_Atom<cute::UniversalCopy<cute::uint128_t>, Element>{}, GmemThreadLayout{},
+      cute::Copy_Atom<cute::UniversalCopy<cute::uint128_t>, ElementO>{}, GmemThreadLayout{},
       GmemValLayout{}));
 
   // Shared -> registers with ldmatrix (transposing for Vᵀ); registers -> shared for O.
-  using SmemCopyAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, Element>;
-  using SmemCopyAtomTransposed = cute::Copy_Atom<cute::SM75_U16x8_LDSM_T, Element>;
-  using SmemCopyAtomO = cute::Copy_Atom<cute::AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
+  using SmemCopyAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, ElementQK>;
+  using SmemCopyAtomTransposed = cute::Copy_Atom<cute::SM75_U16x8_LDSM_T, ElementV>;
+  using SmemCopyAtomO = cute::Copy_Atom<cute::AutoVectorizingCopyWithAssumedAlignment<128>, ElementO>;
 };
 
 }  // namespace flashcute::ampere

@@ -122,9 +122,8 @@ void set_dropout(Params& p, float dropout_p, uint64_t seed, uint64_t offset, con
 struct Rows {
   int64_t batch, rows, heads, headdim;
   int64_t batch_stride, row_stride, head_stride;
-  bool same_shape(const Rows& o) const {
-    return batch == o.batch && rows == o.rows && heads == o.heads && headdim == o.headdim;
-  }
+  bool same_rows(const Rows& o) const { return batch == o.batch && rows == o.rows && heads == o.heads; }
+  bool same_shape(const Rows& o) const { return same_rows(o) && headdim == o.headdim; }
 };
 
 template <class T>
@@ -224,7 +223,8 @@ void forward(Tensor q, Tensor k, Tensor v, MutableTensor out, std::optional<Muta
   const Varlen vl(cu_seqlens_q, cu_seqlens_k, seqused_k, q);
   const Rows qr = rows_of(q, vl.packed_q(), "q"), kr = rows_of(k, vl.packed_k(), "k");
   const Rows vr = rows_of(v, vl.packed_k(), "v"), outr = rows_of(out, vl.packed_q(), "out");
-  if (!vr.same_shape(kr) || !outr.same_shape(qr) || kr.headdim != qr.headdim)
+  // v and out may have a head dim of their own (the kernel lookup decides whether it runs).
+  if (!vr.same_rows(kr) || !outr.same_rows(qr) || outr.headdim != vr.headdim || kr.headdim != qr.headdim)
     throw nb::value_error("q, k, v, out: shapes do not match");
   flashcute::AttentionForwardParams p;
   p.q = q.data();
@@ -235,6 +235,7 @@ void forward(Tensor q, Tensor k, Tensor v, MutableTensor out, std::optional<Muta
   p.seqlen_q = qr.rows;
   p.nheads = qr.heads;
   p.headdim = qr.headdim;
+  p.headdim_v = vr.headdim;
   p.seqlen_k = kr.rows;
   p.nheads_kv = kr.heads;
   set_varlen(p, vl, qr, kr, max_seqlen_q, max_seqlen_k);
@@ -284,8 +285,9 @@ void backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
   const Rows qr = rows_of(q, pq, "q"), kr = rows_of(k, pk, "k"), vr = rows_of(v, pk, "v");
   const Rows doutr = rows_of(dout, pq, "dout"), outr = rows_of(out, pq, "out"), dqr = rows_of(dq, pq, "dq");
   const Rows dkr = rows_of(dk, pk, "dk"), dvr = rows_of(dv, pk, "dv");
-  if (!doutr.same_shape(qr) || !outr.same_shape(qr) || !dqr.same_shape(qr) || !vr.same_shape(kr) ||
-      !dkr.same_shape(kr) || !dvr.same_shape(kr) || kr.headdim != qr.headdim)
+  if (!doutr.same_rows(qr) || !outr.same_rows(qr) || !dqr.same_shape(qr) || !vr.same_rows(kr) ||
+      !dkr.same_shape(kr) || !dvr.same_shape(vr) || kr.headdim != qr.headdim || doutr.headdim != vr.headdim ||
+      outr.headdim != vr.headdim)
     throw nb::value_error("dout, q, k, v, out, dq, dk, dv: shapes do not match");
   const auto dt = q.dtype();
   if (dout.dtype() != dt || k.dtype() != dt || v.dtype() != dt || out.dtype() != dt ||
@@ -302,7 +304,7 @@ void backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
   p.dq = dq.data(), p.dk = dk.data(), p.dv = dv.data();
   p.workspace = workspace.data();
   p.workspace_bytes = workspace.nbytes();
-  p.seqlen_q = qr.rows, p.nheads = qr.heads, p.headdim = qr.headdim;
+  p.seqlen_q = qr.rows, p.nheads = qr.heads, p.headdim = qr.headdim, p.headdim_v = vr.headdim;
   p.seqlen_k = kr.rows, p.nheads_kv = kr.heads;
   set_varlen(p, vl, qr, kr, max_seqlen_q, max_seqlen_k);
   p.dout_batch_stride = doutr.batch_stride, p.dout_row_stride = doutr.row_stride, p.dout_head_stride = doutr.head_stride;
@@ -365,10 +367,11 @@ void size_query_varlen(Params& p, int64_t total_q, int64_t total_k, bool seqused
 size_t forward_workspace_size(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t nheads,
                               int64_t nheads_kv, int64_t headdim, const std::string& dtype, bool causal,
                               int backend, int device, int64_t window_left, int64_t window_right, bool alibi,
-                              int64_t total_q, int64_t total_k, bool seqused_k) {
+                              int64_t total_q, int64_t total_k, bool seqused_k, int64_t headdim_v) {
   auto p = size_query<flashcute::AttentionForwardParams>(batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim,
                                                          dtype, causal, window_left, window_right);
   size_query_varlen(p, total_q, total_k, seqused_k);
+  p.headdim_v = headdim_v;
   p.device = device;
   if (alibi) p.alibi_slopes = &kAlibiFlag;
   size_t bytes = 0;
@@ -412,6 +415,7 @@ int forward_packed_heads(int nheads, int nheads_kv, int seqlen_q, int seqlen_k, 
   namespace hopper = flashcute::hopper;
   flashcute::FwdKernelParams p{};
   p.seqlen_q = seqlen_q, p.seqlen_k = seqlen_k, p.nheads = nheads, p.causal = causal, p.headdim = headdim;
+  p.headdim_v = headdim;
   if (alibi) p.alibi_slopes = &kAlibiFlag;
   p.window_left = seqlen_k, p.window_right = causal ? 0 : seqlen_q;  // no window
   p.heads_per_kv = nheads_kv > 0 ? nheads / nheads_kv : 1;
@@ -470,9 +474,9 @@ NB_MODULE(_C, m) {
         nb::arg("seqlen_k"), nb::arg("nheads"), nb::arg("nheads_kv"), nb::arg("headdim"),
         nb::arg("dtype"), nb::arg("causal"), nb::arg("backend"), nb::arg("device"),
         nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("alibi") = false,
-        nb::arg("total_q") = -1, nb::arg("total_k") = -1, nb::arg("seqused_k") = false,
+        nb::arg("total_q") = -1, nb::arg("total_k") = -1, nb::arg("seqused_k") = false, nb::arg("headdim_v") = 0,
         "Bytes of the optional device workspace the forward can use (0: none); total_q / total_k >= 0 "
-        "for packed sides (seqlen_q / seqlen_k then the longest sequences').");
+        "for packed sides (seqlen_q / seqlen_k then the longest sequences'); headdim_v: v's (0: headdim).");
   m.def("backward", &backward, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
         nb::arg("workspace"), nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("deterministic"),
@@ -528,6 +532,7 @@ NB_MODULE(_C, m) {
     d["hopper_head_dims"] = info.hopper_head_dims;
     d["hopper_dtypes"] = info.hopper_dtypes;
     d["hopper_backward_head_dims"] = info.hopper_backward_head_dims;
+    d["hopper_dv_pairs"] = info.hopper_dv_pairs;
     d["cuda_runtime_version"] = info.cuda_runtime_version;
     return d;
   });

@@ -36,7 +36,8 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
                              typename Traits::PipelineQ& pipeline_q, typename Traits::PipelineDo& pipeline_do,
                              int consumer, BwdTile const& tile) {
   using namespace cute;
-  using Element = typename Traits::Element;
+  using ElementP = typename Traits::ElementP;
+  using ElementGrad = typename Traits::ElementGrad;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kDqElems = Traits::kDqElems;
@@ -83,14 +84,14 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
   clear(acc_dk);
   clear(acc_dv);
   using AccS = decltype(partition_fragment_C(mma_sdp, typename Traits::TileSt{}));
-  // Pᵀ and dSᵀ in Element precision, laid out as A operands of the dV and dK GEMMs.
-  Tensor p_regs = make_tensor<Element>(make_layout(shape(AccS{})));
-  Tensor ds_regs = make_tensor<Element>(make_layout(shape(AccS{})));
+  // Pᵀ and dSᵀ in ElementP precision, laid out as A operands of the dV and dK GEMMs.
+  Tensor p_regs = make_tensor<ElementP>(make_layout(shape(AccS{})));
+  Tensor ds_regs = make_tensor<ElementP>(make_layout(shape(AccS{})));
   Tensor tDrP = make_tensor(p_regs.data(), acc_to_a_operand_layout(p_regs.layout()));
   Tensor tDrdS = make_tensor(ds_regs.data(), acc_to_a_operand_layout(ds_regs.layout()));
 
   // dSᵀ registers -> shared memory (stmatrix onto the key-major view of the dS buffer).
-  auto ds_copy = make_tiled_copy_C(typename Traits::SmemCopyAtomStore{}, mma_sdp);
+  auto ds_copy = make_tiled_copy_C(typename Traits::SmemCopyAtomDs{}, mma_sdp);
   auto ds_thr_copy = ds_copy.get_thread_slice(tid);
   Tensor tDSsdS = ds_thr_copy.partition_D(sdSt);  // (CPY, M, N, consumer, buffer)
   Tensor tDSrdS = ds_thr_copy.retile_S(ds_regs);
@@ -333,9 +334,9 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
     named_barrier_sync(int(BwdBarrier::kDsReady), 128 * Traits::kConsumers);
   }
   if (store) {
-    Tensor dk = convert_fragment<Element>(acc_dk);
-    Tensor dv = convert_fragment<Element>(acc_dv);
-    auto dkv_copy = make_tiled_copy_C(typename Traits::SmemCopyAtomStore{}, mma_dkv);
+    Tensor dk = convert_fragment<ElementGrad>(acc_dk);
+    Tensor dv = convert_fragment<ElementGrad>(acc_dv);
+    auto dkv_copy = make_tiled_copy_C(typename Traits::SmemCopyAtomDkv{}, mma_dkv);
     auto dkv_thr_copy = dkv_copy.get_thread_slice(tid);
     copy(dkv_copy, dkv_thr_copy.retile_S(dk), dkv_thr_copy.partition_D(sK(_, _, consumer)));
     copy(dkv_copy, dkv_thr_copy.retile_S(dv), dkv_thr_copy.partition_D(sV(_, _, consumer)));

@@ -25,6 +25,10 @@ namespace flashcute::hopper {
 template <class Element, int kHeadDim>
 Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
   using Traits = BwdTraitsFor<Element, kHeadDim>;
+  using ElementQK = typename Traits::ElementQK;
+  using ElementV = typename Traits::ElementV;
+  using ElementO = typename Traits::ElementO;
+  using ElementGrad = typename Traits::ElementGrad;
   static_assert(kBwdRowPadding % Traits::kBlockM == 0);
   // The key-split kernels whose dQ needs both consumers' dS (hd 64, 128) issue dQ one block
   // late where a CTA loops over enough query blocks (bwd_consumer.h). Measured on the H200
@@ -110,7 +114,7 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
   if (p.seqlen_q > 0) {
     using Rows = RowwiseShape<kHeadDim>;
     const dim3 rows_grid((p.seqlen_q_padded + Rows::kRowsPerBlock - 1) / Rows::kRowsPerBlock, p.nheads, p.batch);
-    bwd_prepare_kernel<Element, kHeadDim><<<rows_grid, Rows::kThreads, 0, stream>>>(p);
+    bwd_prepare_kernel<ElementO, kHeadDim><<<rows_grid, Rows::kThreads, 0, stream>>>(p);
   }
 
   using namespace cute;
@@ -126,8 +130,8 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
   const bool no_queries = p.seqlen_q == 0 || q_rows == 0;
   kp.tma_seqlen_q = no_queries ? 1 : q_rows;
   const int q_batches = no_queries ? k_batches : packed_q ? 1 : p.batch;
-  const auto* q = static_cast<const Element*>(no_queries ? p.k : p.q);
-  const auto* dout = static_cast<const Element*>(no_queries ? p.k : p.dout);
+  const auto* q = static_cast<const ElementQK*>(no_queries ? p.k : p.q);
+  const auto* dout = static_cast<const ElementO*>(no_queries ? p.k : p.dout);
   const int64_t q_strides[3] = {no_queries ? p.k_row_stride : p.q_row_stride,
                                 no_queries ? p.k_head_stride : p.q_head_stride,
                                 no_queries ? p.k_batch_stride : p.q_batch_stride};
@@ -137,29 +141,34 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
   const int q_heads = no_queries ? p.nheads_kv : p.nheads;
   auto slayout_q = typename Traits::SmemLayoutQ{}(_, _, _0{});
   auto slayout_kv = typename Traits::SmemLayoutKV{}(_, _, _0{});
-  // The tensor maps span the call's head dim: loads fill the kernel's columns past it with
-  // zeros (they add nothing to S, dP, dQ), the dK/dV stores clip.
+  // The tensor maps span the call's head dims: loads fill the kernel's columns past them with
+  // zeros (they add nothing to S, dP, dQ), the dK/dV stores clip. V, dO and dV span
+  // headdim_v: a call whose V head dim differs runs on a kernel at least as wide as both, its
+  // zero columns adding nothing to dP and giving dV columns that are never stored (no
+  // queries: dO's map stays within K's columns, never loaded).
   const int headdim = p.headdim;
+  const int headdim_v = p.headdim_v;
+  const int headdim_do = no_queries ? std::min(headdim_v, headdim) : headdim_v;
   if (p.seqlen_k > 0) {
     kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, tma_view(q, kp.tma_seqlen_q, headdim, q_heads, q_batches, q_strides[0],
                                                        q_strides[1], q_strides[2]),
                              slayout_q, typename Traits::TileQ{}, _1{});
-    kp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, tma_view(dout, kp.tma_seqlen_q, headdim, q_heads, q_batches,
+    kp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, tma_view(dout, kp.tma_seqlen_q, headdim_do, q_heads, q_batches,
                                                         do_strides[0], do_strides[1], do_strides[2]),
                               slayout_q, typename Traits::TileQ{}, _1{});
-    kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, tma_view(static_cast<const Element*>(p.k), k_rows, headdim,
+    kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, tma_view(static_cast<const ElementQK*>(p.k), k_rows, headdim,
                                                        p.nheads_kv, k_batches, p.k_row_stride, p.k_head_stride,
                                                        p.k_batch_stride),
                              slayout_kv, typename Traits::TileKV{}, _1{});
-    kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, tma_view(static_cast<const Element*>(p.v), k_rows, headdim,
+    kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, tma_view(static_cast<const ElementV*>(p.v), k_rows, headdim_v,
                                                        p.nheads_kv, k_batches, p.v_row_stride, p.v_head_stride,
                                                        p.v_batch_stride),
                              slayout_kv, typename Traits::TileKV{}, _1{});
-    kp.tma_dk = make_tma_copy(SM90_TMA_STORE{}, tma_view(static_cast<Element*>(p.dk), k_rows, headdim,
+    kp.tma_dk = make_tma_copy(SM90_TMA_STORE{}, tma_view(static_cast<ElementGrad*>(p.dk), k_rows, headdim,
                                                          p.nheads_kv, k_batches, p.dk_row_stride, p.dk_head_stride,
                                                          p.dk_batch_stride),
                               slayout_kv, typename Traits::TileKV{}, _1{});
-    kp.tma_dv = make_tma_copy(SM90_TMA_STORE{}, tma_view(static_cast<Element*>(p.dv), k_rows, headdim,
+    kp.tma_dv = make_tma_copy(SM90_TMA_STORE{}, tma_view(static_cast<ElementGrad*>(p.dv), k_rows, headdim_v,
                                                          p.nheads_kv, k_batches, p.dv_row_stride, p.dv_head_stride,
                                                          p.dv_batch_stride),
                               slayout_kv, typename Traits::TileKV{}, _1{});

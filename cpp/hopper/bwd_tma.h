@@ -13,12 +13,12 @@ namespace flashcute::hopper {
 using namespace cute;
 
 // Global tensors as TMA sees them: (seqlen, hd, heads, batch), unit stride along hd. One Q (or
-// dO) stage and one 64-key K/V tile per copy.
-template <class Element, class SmemTileQ, class TileQ, class SmemTileKV, class TileKV>
+// dO) stage and one 64-key K/V tile per copy; loads of ElementIn, the dK/dV stores of ElementOut.
+template <class ElementIn, class ElementOut, class SmemTileQ, class TileQ, class SmemTileKV, class TileKV>
 struct BwdTmaTypes {
   using GmemLayout = Layout<Shape<int32_t, int32_t, int32_t, int32_t>, Stride<int64_t, _1, int64_t, int64_t>>;
-  using GmemIn = decltype(make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemLayout{}));
-  using GmemOut = decltype(make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), GmemLayout{}));
+  using GmemIn = decltype(make_tensor(make_gmem_ptr(static_cast<ElementIn const*>(nullptr)), GmemLayout{}));
+  using GmemOut = decltype(make_tensor(make_gmem_ptr(static_cast<ElementOut*>(nullptr)), GmemLayout{}));
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemIn{}, SmemTileQ{}, TileQ{}, _1{}));
   using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemIn{}, SmemTileKV{}, TileKV{}, _1{}));
   using TmaDkv = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemOut{}, SmemTileKV{}, TileKV{}, _1{}));
@@ -39,12 +39,12 @@ CUTE_DEVICE void store_dkv_tile(Params const& params, SmemTile const& sdK, SmemT
   const SeqView view = SeqView::of(args, batch);
   const int row0 = tile * kRows;
   if (args.cu_seqlens_k != nullptr && row0 + kRows > view.k_rows) {
-    using Element = typename Traits::Element;
+    using Element = typename Traits::ElementGrad;
     const int64_t first = int64_t(view.k_start + row0);
     store_tile_rows(sdK, static_cast<Element*>(args.dk) + kv_head * args.dk_head_stride + first * args.dk_row_stride,
                     args.dk_row_stride, view.k_rows - row0, args.headdim, thread, threads);
     store_tile_rows(sdV, static_cast<Element*>(args.dv) + kv_head * args.dv_head_stride + first * args.dv_row_stride,
-                    args.dv_row_stride, view.k_rows - row0, args.headdim, thread, threads);
+                    args.dv_row_stride, view.k_rows - row0, args.headdim_v, thread, threads);
     return;
   }
   if (thread != 0) return;

@@ -24,6 +24,7 @@
 #include <cutlass/gemm/collective/builders/sm90_common.inl>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "hopper/bwd_elements.h"
 #include "hopper/bwd_tma.h"
 
 namespace flashcute::hopper {
@@ -33,6 +34,11 @@ using namespace cute;
 template <class Element_, int kHeadDim_, int kStages_, int kDqSplit_, int kBlockM_>
 struct BwdTraits {
   using Element = Element_;
+  using ElementQK = typename BwdElements<Element>::ElementQK;
+  using ElementV = typename BwdElements<Element>::ElementV;
+  using ElementO = typename BwdElements<Element>::ElementO;
+  using ElementGrad = typename BwdElements<Element>::ElementGrad;
+  using ElementP = typename BwdElements<Element>::ElementP;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kStages = kStages_;        // Q (and dO) pipeline stages
   static constexpr int kDqSplit = kDqSplit_;
@@ -68,7 +74,7 @@ struct BwdTraits {
 
   // Q and dO: (rows, hd, stage), head-dim-major and swizzled as WGMMA reads them.
   using SmemAtomQ = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
-                             GMMA::Major::K, Element, Int<kBlockM>, Int<kHeadDim>>());
+                             GMMA::Major::K, ElementQK, Int<kBlockM>, Int<kHeadDim>>());
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtomQ{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
   // The same buffer as (hd, rows, stage): the MN-major B operand of dK += dSᵀ·Q and dV += Pᵀ·dO.
   using SmemLayoutQt = decltype(composition(
@@ -76,7 +82,7 @@ struct BwdTraits {
   // K and V: (64 keys, hd, consumer), each consumer's rows one contiguous tile, so the same
   // layout serves its TMA load, its GEMMs and the dK/dV TMA store.
   using SmemAtomKV = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
-                              GMMA::Major::K, Element, Int<kKeysPerConsumer>, Int<kHeadDim>>());
+                              GMMA::Major::K, ElementQK, Int<kKeysPerConsumer>, Int<kHeadDim>>());
   using SmemLayoutKV = decltype(tile_to_shape(
       SmemAtomKV{}, Shape<Int<kKeysPerConsumer>, Int<kHeadDim>, Int<kConsumers>>{}));
   // K as (hd, keys, consumer): the MN-major B operand of dQ = dS·K.
@@ -87,7 +93,7 @@ struct BwdTraits {
   // dQ = dS·K. Two buffers, so a consumer writes the next block's dS while the other may still
   // be reading this one.
   using SmemAtomDs = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
-                              GMMA::Major::MN, Element, Int<kBlockM>, Int<kKeysPerConsumer>>());
+                              GMMA::Major::MN, ElementP, Int<kBlockM>, Int<kKeysPerConsumer>>());
   using SmemLayoutDs = decltype(tile_to_shape(
       SmemAtomDs{}, Shape<Int<kBlockM>, Int<kKeysPerConsumer>, Int<kConsumers>, _2>{}));
   // The same buffer as (keys, rows, consumer, buffer): how a consumer's dSᵀ registers land.
@@ -96,16 +102,18 @@ struct BwdTraits {
                                           Step<_2, _1, _3, _4>{})));
 
   using TiledMmaSdP = decltype(make_tiled_mma(GMMA::ss_op_selector<
-      Element, Element, float, Shape<Int<kKeysPerConsumer>, Int<kBlockM>, Int<kHeadDim>>>()));
+      ElementQK, ElementQK, float, Shape<Int<kKeysPerConsumer>, Int<kBlockM>, Int<kHeadDim>>>()));
   using TiledMmaDkv = decltype(make_tiled_mma(GMMA::rs_op_selector<
-      Element, Element, float, Shape<Int<kKeysPerConsumer>, Int<kHeadDim>, Int<kBlockM>>,
+      ElementP, ElementQK, float, Shape<Int<kKeysPerConsumer>, Int<kHeadDim>, Int<kBlockM>>,
       GMMA::Major::K, GMMA::Major::MN>()));
   using TiledMmaDq = decltype(make_tiled_mma(GMMA::ss_op_selector<
-      Element, Element, float, Shape<Int<kDqRows>, Int<kDqCols>, Int<kKeysPerConsumer>>,
+      ElementP, ElementQK, float, Shape<Int<kDqRows>, Int<kDqCols>, Int<kKeysPerConsumer>>,
       GMMA::Major::MN, GMMA::Major::MN>()));
-  using SmemCopyAtomStore = Copy_Atom<SM90_U32x4_STSM_N, Element>;
+  using SmemCopyAtomDs = Copy_Atom<SM90_U32x4_STSM_N, ElementP>;       // dSᵀ into its buffer
+  using SmemCopyAtomDkv = Copy_Atom<SM90_U32x4_STSM_N, ElementGrad>;  // dK, dV into K's, V's tiles
 
-  using Tma = BwdTmaTypes<Element, decltype(SmemLayoutQ{}(_, _, _0{})), TileQ, decltype(SmemLayoutKV{}(_, _, _0{})), TileKV>;
+  using Tma = BwdTmaTypes<ElementQK, ElementGrad, decltype(SmemLayoutQ{}(_, _, _0{})), TileQ,
+                          decltype(SmemLayoutKV{}(_, _, _0{})), TileKV>;
   using TmaQ = typename Tma::TmaQ;
   using TmaKV = typename Tma::TmaKV;
   using TmaDkv = typename Tma::TmaDkv;
@@ -114,18 +122,18 @@ struct BwdTraits {
   static constexpr int kKVElems = cosize_v<SmemLayoutKV>;
   static constexpr int kDsElems = cosize_v<SmemLayoutDs>;
   // A stage carries a Q (or dO) tile and the block's lse_log2 (or row_dot) values.
-  static constexpr uint32_t kStageBytes = kBlockM * kHeadDim * sizeof(Element) + kBlockM * sizeof(float);
-  static constexpr uint32_t kKVBytes = 2 * kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kStageBytes = kBlockM * kHeadDim * sizeof(ElementQK) + kBlockM * sizeof(float);
+  static constexpr uint32_t kKVBytes = 2 * kBlockN * kHeadDim * sizeof(ElementQK);
 
   using PipelineQ = cutlass::PipelineTmaAsync<kStages>;
   using PipelineDo = PipelineQ;
 
   struct SharedStorage {
-    cute::array_aligned<Element, kQElems, 1024> q;
-    cute::array_aligned<Element, kQElems, 1024> dout;
-    cute::array_aligned<Element, kKVElems, 1024> k;
-    cute::array_aligned<Element, kKVElems, 1024> v;
-    cute::array_aligned<Element, kDsElems, 1024> ds;
+    cute::array_aligned<ElementQK, kQElems, 1024> q;
+    cute::array_aligned<ElementO, kQElems, 1024> dout;
+    cute::array_aligned<ElementQK, kKVElems, 1024> k;
+    cute::array_aligned<ElementV, kKVElems, 1024> v;
+    cute::array_aligned<ElementP, kDsElems, 1024> ds;
     cute::array_aligned<float, kStages * kBlockM, 128> lse_log2;
     cute::array_aligned<float, kStages * kBlockM, 128> row_dot;
     typename PipelineQ::SharedStorage pipeline_q;

@@ -33,7 +33,8 @@ CUTE_DEVICE void consume_bwd_wide(BwdParams<Traits> const& params, typename Trai
                                   int consumer, BwdTile const& tile) {
   using namespace cute;
   const int n_block = tile.n_block, kv_head = tile.kv_head, batch = tile.batch;
-  using Element = typename Traits::Element;
+  using ElementP = typename Traits::ElementP;
+  using ElementGrad = typename Traits::ElementGrad;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -92,8 +93,8 @@ CUTE_DEVICE void consume_bwd_wide(BwdParams<Traits> const& params, typename Trai
   clear(acc_dv);
   using AccS = decltype(partition_fragment_C(mma_sdp, typename Traits::TileS{}));
   using AccDq = decltype(partition_fragment_C(mma_dq, typename Traits::TileDq{}));
-  Tensor p_regs = make_tensor<Element>(make_layout(shape(AccS{})));
-  Tensor ds_regs = make_tensor<Element>(make_layout(shape(AccS{})));
+  Tensor p_regs = make_tensor<ElementP>(make_layout(shape(AccS{})));
+  Tensor ds_regs = make_tensor<ElementP>(make_layout(shape(AccS{})));
 
   // P and dS registers -> this consumer's keys of the (rows, keys) tiles, by stmatrix.
   auto pds_copy = make_tiled_copy_C(typename Traits::SmemCopyAtomPds{}, mma_sdp);
@@ -281,8 +282,8 @@ CUTE_DEVICE void consume_bwd_wide(BwdParams<Traits> const& params, typename Trai
     named_barrier_sync(int(BwdBarrier::kDsReady), 128 * Traits::kConsumers);  // no GEMM reads K or V
   }
   if (store) {
-    Tensor dk = convert_fragment<Element>(acc_dk);
-    Tensor dv = convert_fragment<Element>(acc_dv);
+    Tensor dk = convert_fragment<ElementGrad>(acc_dk);
+    Tensor dv = convert_fragment<ElementGrad>(acc_dv);
     auto dkv_copy = make_tiled_copy_C(typename Traits::SmemCopyAtomDkvT{}, mma_dkv);
     auto dkv_thr_copy = dkv_copy.get_thread_slice(tid);
     const auto tile_dkv = typename Traits::TileDkvT{};

@@ -20,6 +20,7 @@
 #include <cutlass/gemm/collective/builders/sm90_common.inl>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "hopper/bwd_elements.h"
 #include "hopper/bwd_tma.h"
 
 namespace flashcute::hopper {
@@ -29,6 +30,11 @@ using namespace cute;
 template <class Element_, int kHeadDim_, int kStages_, int kBlockN_>
 struct BwdWideTraits {
   using Element = Element_;
+  using ElementQK = typename BwdElements<Element>::ElementQK;
+  using ElementV = typename BwdElements<Element>::ElementV;
+  using ElementO = typename BwdElements<Element>::ElementO;
+  using ElementGrad = typename BwdElements<Element>::ElementGrad;
+  using ElementP = typename BwdElements<Element>::ElementP;
   static constexpr bool kSplitsHeadDim = true;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kStages = kStages_;  // Q pipeline stages
@@ -64,7 +70,7 @@ struct BwdWideTraits {
   // Q and dO: (rows, hd, stage), head-dim-major and swizzled as WGMMA reads them; the (hd, rows,
   // stage) view is the MN-major A operand of dKᵀ += Qᵀ·dS and dVᵀ += dOᵀ·P.
   using SmemAtomQ = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
-                             GMMA::Major::K, Element, Int<kBlockM>, Int<kHeadDim>>());
+                             GMMA::Major::K, ElementQK, Int<kBlockM>, Int<kHeadDim>>());
   template <int kN>
   using SmemLayoutRows = decltype(tile_to_shape(SmemAtomQ{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kN>>{}));
   template <int kN>
@@ -75,9 +81,9 @@ struct BwdWideTraits {
   // kSmallBytes for the lse/row_dot stages and the barriers; SharedStorage checks the result.
   static constexpr int kSmemLimit = 227 * 1024;  // bytes per block on sm90
   static constexpr int kSmallBytes = 4096;
-  static constexpr int kTileBytes = (kStages * kBlockM + 2 * kBlockN) * kHeadDim * int(sizeof(Element)) +
-                                    2 * 2 * kBlockM * kBlockN * int(sizeof(Element));
-  static constexpr int kDoStageBytes = kBlockM * kHeadDim * int(sizeof(Element));
+  static constexpr int kTileBytes = (kStages * kBlockM + 2 * kBlockN) * kHeadDim * int(sizeof(ElementQK)) +
+                                    2 * 2 * kBlockM * kBlockN * int(sizeof(ElementP));
+  static constexpr int kDoStageBytes = kBlockM * kHeadDim * int(sizeof(ElementO));
   static constexpr int kDoStages = kTileBytes + 2 * kDoStageBytes + kSmallBytes <= kSmemLimit ? 2 : 1;
   using SmemLayoutQ = SmemLayoutRows<kStages>;
   using SmemLayoutQt = SmemLayoutRowsT<kStages>;
@@ -86,7 +92,7 @@ struct BwdWideTraits {
   // K and V: (keys, hd, 1) (the last mode numbers the CTA's key tiles, as the producer and the
   // launcher expect); (hd, keys, 1) is the MN-major B operand of dQ = dS·K.
   using SmemAtomKV = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
-                              GMMA::Major::K, Element, Int<kBlockN>, Int<kHeadDim>>());
+                              GMMA::Major::K, ElementQK, Int<kBlockN>, Int<kHeadDim>>());
   using SmemLayoutKV = decltype(tile_to_shape(SmemAtomKV{}, Shape<Int<kBlockN>, Int<kHeadDim>, _1>{}));
   using SmemLayoutKt = decltype(composition(
       SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, _1>{}, Step<_2, _1, _3>{})));
@@ -98,26 +104,27 @@ struct BwdWideTraits {
   // stmatrix writes their 128-byte core matrices without bank conflicts, and they measured
   // faster than the 128-byte swizzle where both fit (hd 128: 1.05-1.07 against 1.03-1.06 x
   // cuDNN).
-  using SmemAtomPds = GMMA::Layout_K_INTER_Atom<Element>;
+  using SmemAtomPds = GMMA::Layout_K_INTER_Atom<ElementP>;
   using SmemLayoutPds = decltype(tile_to_shape(SmemAtomPds{}, Shape<Int<kBlockM>, Int<kBlockN>, _2>{}));
   using SmemLayoutPdst = decltype(composition(
       SmemLayoutPds{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, _2>{}, Step<_2, _1, _3>{})));
 
   using TiledMmaSdP = decltype(make_tiled_mma(GMMA::ss_op_selector<
-      Element, Element, float, Shape<Int<kBlockM>, Int<kKeysPerConsumer>, Int<kHeadDim>>>()));
+      ElementQK, ElementQK, float, Shape<Int<kBlockM>, Int<kKeysPerConsumer>, Int<kHeadDim>>>()));
   using TiledMmaDkv = decltype(make_tiled_mma(GMMA::ss_op_selector<
-      Element, Element, float, Shape<Int<kColsPerConsumer>, Int<kBlockN>, Int<kBlockM>>,
+      ElementQK, ElementP, float, Shape<Int<kColsPerConsumer>, Int<kBlockN>, Int<kBlockM>>,
       GMMA::Major::MN, GMMA::Major::MN>()));
   using TiledMmaDq = decltype(make_tiled_mma(GMMA::ss_op_selector<
-      Element, Element, float, Shape<Int<kDqRows>, Int<kDqCols>, Int<kBlockN>>,
+      ElementP, ElementQK, float, Shape<Int<kDqRows>, Int<kDqCols>, Int<kBlockN>>,
       GMMA::Major::K, GMMA::Major::MN>()));
   // stmatrix of P and dS (x4 needs 16 columns per warp and step) and of dKᵀ/dVᵀ, transposed
   // into K's and V's (keys, hd) tiles.
-  using SmemCopyAtomPds = std::conditional_t<kKeysPerConsumer % 16 == 0, Copy_Atom<SM90_U32x4_STSM_N, Element>,
-                                             Copy_Atom<SM90_U32x2_STSM_N, Element>>;
-  using SmemCopyAtomDkvT = Copy_Atom<SM90_U16x8_STSM_T, Element>;
+  using SmemCopyAtomPds = std::conditional_t<kKeysPerConsumer % 16 == 0, Copy_Atom<SM90_U32x4_STSM_N, ElementP>,
+                                             Copy_Atom<SM90_U32x2_STSM_N, ElementP>>;
+  using SmemCopyAtomDkvT = Copy_Atom<SM90_U16x8_STSM_T, ElementGrad>;
 
-  using Tma = BwdTmaTypes<Element, decltype(SmemLayoutQ{}(_, _, _0{})), TileQ, decltype(SmemLayoutKV{}(_, _, _0{})), TileKV>;
+  using Tma = BwdTmaTypes<ElementQK, ElementGrad, decltype(SmemLayoutQ{}(_, _, _0{})), TileQ,
+                          decltype(SmemLayoutKV{}(_, _, _0{})), TileKV>;
   using TmaQ = typename Tma::TmaQ;
   using TmaKV = typename Tma::TmaKV;
   using TmaDkv = typename Tma::TmaDkv;
@@ -126,19 +133,19 @@ struct BwdWideTraits {
   static constexpr int kDoElems = cosize_v<SmemLayoutDo>;
   static constexpr int kKVElems = cosize_v<SmemLayoutKV>;
   static constexpr int kPdsElems = cosize_v<SmemLayoutPds>;
-  static constexpr uint32_t kStageBytes = kBlockM * kHeadDim * sizeof(Element) + kBlockM * sizeof(float);
-  static constexpr uint32_t kKVBytes = 2 * kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kStageBytes = kBlockM * kHeadDim * sizeof(ElementQK) + kBlockM * sizeof(float);
+  static constexpr uint32_t kKVBytes = 2 * kBlockN * kHeadDim * sizeof(ElementQK);
 
   using PipelineQ = cutlass::PipelineTmaAsync<kStages>;
   using PipelineDo = cutlass::PipelineTmaAsync<kDoStages>;
 
   struct SharedStorage {
-    cute::array_aligned<Element, kQElems, 1024> q;
-    cute::array_aligned<Element, kDoElems, 1024> dout;
-    cute::array_aligned<Element, kKVElems, 1024> k;
-    cute::array_aligned<Element, kKVElems, 1024> v;
-    cute::array_aligned<Element, kPdsElems, 1024> p;
-    cute::array_aligned<Element, kPdsElems, 1024> ds;
+    cute::array_aligned<ElementQK, kQElems, 1024> q;
+    cute::array_aligned<ElementO, kDoElems, 1024> dout;
+    cute::array_aligned<ElementQK, kKVElems, 1024> k;
+    cute::array_aligned<ElementV, kKVElems, 1024> v;
+    cute::array_aligned<ElementP, kPdsElems, 1024> p;
+    cute::array_aligned<ElementP, kPdsElems, 1024> ds;
     cute::array_aligned<float, kStages * kBlockM, 128> lse_log2;
     cute::array_aligned<float, kDoStages * kBlockM, 128> row_dot;
     typename PipelineQ::SharedStorage pipeline_q;

@@ -52,7 +52,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
                              typename Traits::PipelineKV& pipeline_k,
                              typename Traits::PipelineKV& pipeline_v, int consumer) {
   using namespace cute;
-  using Element = typename Traits::Element;
+  using ElementP = typename Traits::ElementP;
   using PipelineKV = typename Traits::PipelineKV;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kRows = Traits::kRowsPerConsumer;
@@ -64,18 +64,18 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
   auto thr_qk = mma_qk.get_thread_slice(tid);
   auto thr_pv = mma_pv.get_thread_slice(tid);
   Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{})(_, _, consumer);
-  Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});
+  Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutK{});
   Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutVt{});
   Tensor tSrQ = thr_qk.partition_fragment_A(sQ);   // (MMA, 1, hd/16) descriptors
   Tensor tSrK = thr_qk.partition_fragment_B(sK);   // (MMA, 1, hd/16, stage)
   Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (MMA, 1, keys/16, stage)
 
   using AccS = decltype(partition_fragment_C(mma_qk, typename Traits::TileS{}));
-  Tensor acc_o = partition_fragment_C(mma_pv, typename Traits::TileQ{});
+  Tensor acc_o = partition_fragment_C(mma_pv, typename Traits::TileO{});
   Tensor acc_o_rc = rowcol_view(acc_o);
   constexpr int kThreadRows = decltype(size<0>(acc_o_rc))::value;
-  // P: the probabilities in Element precision, laid out as the A operand of P·V.
-  Tensor p_regs = make_tensor<Element>(make_layout(shape(AccS{})));
+  // P: the probabilities in ElementP precision, laid out as the A operand of P·V.
+  Tensor p_regs = make_tensor<ElementP>(make_layout(shape(AccS{})));
   Tensor tOrP = make_tensor(p_regs.data(), acc_to_a_operand_layout(p_regs.layout()));
 
   // Score coordinates: this thread's first element plus offsets known at compile time.
@@ -94,7 +94,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
   // Split tiles with few query rows (decoding) merge by chunks over all threads (fwd_split_pieces.h).
   auto few_rows = [&](int row0) {
     const int rows = cute::min(int(Traits::kBlockM), args.seqlen_q - row0);
-    return fwd_split_few_rows(rows, Traits::kHeadDim, Traits::kConsumers);
+    return fwd_split_few_rows(rows, Traits::kHeadDimV, Traits::kConsumers);
   };
 
   const MmaTurns<Traits::kConsumers> turns{consumer};
@@ -180,7 +180,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
       if (!SeqView::fixed(args) && (n + 1) * kBlockN > view.seqlen_k) {
         // All 128 threads of this consumer; other consumers may write the same zeros.
         pipeline_v.consumer_wait(v_state);
-        Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});
+        Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutV{});
         zero_tile_rows(sV(_, _, v_state.index()), view.seqlen_k - n * kBlockN, opaque_consumer_thread(), 128);
         cutlass::arch::fence_view_async_shared();
         epilogue_barrier_sync(consumer);
@@ -212,11 +212,11 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
             // hd 256: the descriptors made afresh from opaque addresses. Reused from the issue
             // above, they stay live through the softmax and ptxas spills; rebuilt at the smaller
             // head dims, they cost the kept-max path 7-10 instructions.
-            Element* q_ptr = storage.q.data();
-            Element* k_ptr = storage.k.data();
+            auto* q_ptr = storage.q.data();
+            auto* k_ptr = storage.k.data();
             asm volatile("" : "+l"(q_ptr), "+l"(k_ptr));
             Tensor sQ_again = make_tensor(make_smem_ptr(q_ptr), typename Traits::SmemLayoutQ{})(_, _, consumer);
-            Tensor sK_again = make_tensor(make_smem_ptr(k_ptr), typename Traits::SmemLayoutKV{});
+            Tensor sK_again = make_tensor(make_smem_ptr(k_ptr), typename Traits::SmemLayoutK{});
             wgmma_issue<true>(mma_qk, thr_qk.partition_fragment_A(sQ_again),
                               thr_qk.partition_fragment_B(sK_again)(_, _, _, k_state.index()), acc_s);
           }

@@ -29,7 +29,7 @@ CUTE_DEVICE int opaque_consumer_thread() {
 
 template <class Traits>
 struct FwdEpilogue {
-  using Element = typename Traits::Element;
+  using ElementO = typename Traits::ElementO;
   FwdParams<Traits> const& params;
   typename Traits::SharedStorage& storage;
   int consumer;
@@ -38,9 +38,9 @@ struct FwdEpilogue {
   CUTE_DEVICE FwdEpilogue(FwdParams<Traits> const& params_, typename Traits::SharedStorage& storage_, int consumer_)
       : params(params_), storage(storage_), consumer(consumer_), tid(threadIdx.x % 128) {}
 
-  CUTE_DEVICE Element* o_buffer() const {
-    if constexpr (Traits::kOAliasesQ) return storage.q.data();
-    if constexpr (Traits::kOAliasesV) return storage.v.data();
+  CUTE_DEVICE ElementO* o_buffer() const {
+    if constexpr (Traits::kOAliasesQ) return reinterpret_cast<ElementO*>(storage.q.data());
+    if constexpr (Traits::kOAliasesV) return reinterpret_cast<ElementO*>(storage.v.data());
     return storage.o.data();
   }
 
@@ -62,12 +62,12 @@ struct FwdEpilogue {
   CUTE_DEVICE void store(AccO const& acc_o, const float (&lse)[kThreadRows], FwdTile const& tile, int row0) {
     using namespace cute;
     const FwdKernelParams& args = params.args;
-    Tensor o = convert_fragment<Element>(acc_o);
+    Tensor o = convert_fragment<ElementO>(acc_o);
     // At hd 192 and 256 the offsets below are recomputed per tile (opaque_consumer_thread);
     // smaller head dims keep them live, which saves the recomputation on every tile.
     const int thread = Traits::kHeadDim >= 192 ? opaque_consumer_thread() : tid;
 
-    Tensor sO = make_tensor(make_smem_ptr(o_buffer()), typename Traits::SmemLayoutQ{})(_, _, consumer);
+    Tensor sO = make_tensor(make_smem_ptr(o_buffer()), typename Traits::SmemLayoutO{})(_, _, consumer);
     auto smem_copy = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, typename Traits::TiledMmaPV{});
     auto smem_thr_copy = smem_copy.get_thread_slice(thread);
     if (tid == 0) tma_store_wait<0>();  // the previous tile's store has read the buffer
@@ -82,24 +82,24 @@ struct FwdEpilogue {
     const bool row_stores = args.cu_seqlens_q != nullptr && row0 + Traits::kRowsPerConsumer > view.seqlen_q;
     epilogue_barrier_sync(consumer);
     if (row_stores) {  // no packed query heads here (a variable-length batch never packs them)
-      Element* out = static_cast<Element*>(args.out) + tile.batch * args.out_batch_stride +
+      ElementO* out = static_cast<ElementO*>(args.out) + tile.batch * args.out_batch_stride +
                      tile.head * args.out_head_stride + int64_t(view.q_start + row0) * args.out_row_stride;
-      store_tile_rows(sO, out, args.out_row_stride, view.seqlen_q - row0, args.headdim, thread, 128);
+      store_tile_rows(sO, out, args.out_row_stride, view.seqlen_q - row0, args.headdim_v, thread, 128);
       epilogue_barrier_sync(consumer);  // the buffer is read: free for the next tile (as after a TMA store)
     }
     if (tid == 0) {
       if (params.packed_heads > 1) {  // query rows row0 / G.. of the group's heads (fwd_packed_heads.h)
         if constexpr (kPacksQueryHeads<Traits>) {
           CUTE_UNROLL
-          for (int col = 0; col < Traits::kHeadDim; col += 64)
-            SM90_TMA_STORE_5D::copy(&params.tma_o_packed, o_buffer() + packed_box_offset<Traits>(consumer, col), col,
+          for (int col = 0; col < Traits::kHeadDimV; col += 64)
+            SM90_TMA_STORE_5D::copy(&params.tma_o_packed, o_buffer() + packed_o_box_offset<Traits>(consumer, col), col,
                                     0, row0 / params.packed_heads, tile.head, tile.batch);
         }
       } else if (row0 >= 0 && !row_stores) {  // rows before 0 (a shifted first tile) are padding, never stored
-        Tensor mO = params.tma_o.get_tma_tensor(make_shape(args.seqlen_q, int(Traits::kHeadDim), args.nheads, args.batch));
+        Tensor mO = params.tma_o.get_tma_tensor(make_shape(args.seqlen_q, int(Traits::kHeadDimV), args.nheads, args.batch));
         Tensor gO = local_tile(domain_offset(make_coord(view.q_start + row0, _0{}),
                                              mO(_, _, tile.head, tma_batch(args.cu_seqlens_q, tile.batch))),
-                               typename Traits::TileQ{}, make_coord(_0{}, _0{}));
+                               typename Traits::TileO{}, make_coord(_0{}, _0{}));
         auto tma_o = params.tma_o.get_slice(_0{});
         copy(params.tma_o, tma_o.partition_S(sO), tma_o.partition_D(gO));
       }
@@ -113,7 +113,7 @@ struct FwdEpilogue {
     if (args.lse != nullptr && tid % 4 == 0) {
       float* lse_base = args.lse + tile.batch * args.lse_batch_stride + view.q_start;
       Tensor tOcO = typename Traits::TiledMmaPV{}.get_thread_slice(thread).partition_C(
-          make_identity_tensor(typename Traits::TileQ{}));
+          make_identity_tensor(typename Traits::TileO{}));
       Tensor tOcO_rc = make_tensor(tOcO.data(), rowcol_layout(tOcO.layout()));
       CUTE_UNROLL
       for (int r = 0; r < kThreadRows; ++r) {

@@ -40,12 +40,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
 
   typename PipelineKV::Params pipeline_params;
-  pipeline_params.transaction_bytes = Traits::kKVBlockBytes;
+  pipeline_params.transaction_bytes = Traits::kKBlockBytes;
   pipeline_params.role = warp_group == 0 ? PipelineKV::ThreadCategory::Producer
                                          : PipelineKV::ThreadCategory::Consumer;
   pipeline_params.is_leader = producer_thread;
   pipeline_params.num_consumers = 128 * Traits::kConsumers;
   PipelineKV pipeline_k(storage.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
+  pipeline_params.transaction_bytes = Traits::kVBlockBytes;  // V's blocks are kHeadDimV wide
   PipelineKV pipeline_v(storage.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
   cutlass::arch::fence_barrier_init();
   __syncthreads();

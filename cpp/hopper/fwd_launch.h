@@ -68,11 +68,14 @@ Status encode_packed_rows(cute::TmaDescriptor* map, const void* ptr, int headdim
   return Status{};
 }
 
-template <class Element, int kHeadDim, bool kSecondTile>
+template <class Element, int kHeadDim, bool kSecondTile, int kHeadDimV>
 Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
-  using Traits = FwdTraitsFor<Element, kHeadDim, kSecondTile>;
+  using Traits = FwdTraitsFor<Element, kHeadDim, kSecondTile, kHeadDimV>;
+  using ElementQK = typename Traits::ElementQK;
+  using ElementV = typename Traits::ElementV;
+  using ElementO = typename Traits::ElementO;
   // The kernel runs the packed call where query heads are packed; Q and O keep the caller's shapes.
-  const int packed = fwd_packed_heads(call, kHeadDim, Traits::kBlockM);
+  const int packed = fwd_packed_heads(call, kHeadDim, Traits::kBlockM, kHeadDimV);
   const FwdKernelParams p = fwd_packed_view(call, packed);
   auto kernel = &fwd_kernel<Traits>;
   constexpr int kSmem = Traits::kSmemBytes;
@@ -129,9 +132,10 @@ Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
   const bool no_keys = p.seqlen_k == 0 || k_rows == 0;
   kp.tma_seqlen_k = no_keys ? 1 : k_rows;
   const int k_batches = no_keys ? q_batches : packed_k ? 1 : p.batch;
-  const auto* q = static_cast<const Element*>(p.q);
-  const auto* k = no_keys ? q : static_cast<const Element*>(p.k);
-  const auto* v = no_keys ? q : static_cast<const Element*>(p.v);
+  const auto* q = static_cast<const ElementQK*>(p.q);
+  const auto* k = no_keys ? q : static_cast<const ElementQK*>(p.k);
+  // No keys: V's map then spans Q's rows (never loaded), as K's does.
+  const auto* v = no_keys ? reinterpret_cast<const ElementV*>(q) : static_cast<const ElementV*>(p.v);
   const int64_t k_strides[3] = {no_keys ? p.q_row_stride : p.k_row_stride,
                                 no_keys ? p.q_head_stride : p.k_head_stride,
                                 no_keys ? p.q_batch_stride : p.k_batch_stride};
@@ -141,30 +145,34 @@ Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
   const int kv_heads = no_keys ? p.nheads : p.nheads / p.heads_per_kv;
   kp.nheads_kv = kv_heads;
   auto slayout_q = typename Traits::SmemLayoutQ{}(_, _, _0{});
-  auto slayout_kv = typename Traits::SmemLayoutKV{}(_, _, _0{});
-  // The tensor maps span the call's head dim: loads fill the kernel's columns past it with
+  auto slayout_k = typename Traits::SmemLayoutK{}(_, _, _0{});
+  auto slayout_v = typename Traits::SmemLayoutV{}(_, _, _0{});
+  auto slayout_o = typename Traits::SmemLayoutO{}(_, _, _0{});
+  // The tensor maps span the call's head dims: loads fill the kernel's columns past them with
   // zeros (they add nothing to Q·Kᵀ, and give O columns that are never stored), stores clip.
+  // V and O span headdim_v (no keys: V's map stays within Q's columns, never loaded).
   const int headdim = p.headdim;
+  const int headdim_v = no_keys ? std::min(p.headdim_v, p.headdim) : p.headdim_v;
   kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, tma_view(q, q_rows, headdim, call.nheads, q_batches,
                                                      p.q_row_stride, p.q_head_stride, p.q_batch_stride),
                            slayout_q, typename Traits::TileQ{}, _1{});
   kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, tma_view(k, kp.tma_seqlen_k, headdim, kv_heads, k_batches,
                                                      k_strides[0], k_strides[1], k_strides[2]),
-                           slayout_kv, typename Traits::TileKV{}, _1{});
-  kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, tma_view(v, kp.tma_seqlen_k, headdim, kv_heads, k_batches,
+                           slayout_k, typename Traits::TileK{}, _1{});
+  kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, tma_view(v, kp.tma_seqlen_k, headdim_v, kv_heads, k_batches,
                                                      v_strides[0], v_strides[1], v_strides[2]),
-                           slayout_kv, typename Traits::TileKV{}, _1{});
-  kp.tma_o = make_tma_copy(SM90_TMA_STORE{}, tma_view(static_cast<Element*>(p.out), q_rows, headdim,
+                           slayout_v, typename Traits::TileV{}, _1{});
+  kp.tma_o = make_tma_copy(SM90_TMA_STORE{}, tma_view(static_cast<ElementO*>(p.out), q_rows, p.headdim_v,
                                                       call.nheads, q_batches, p.out_row_stride, p.out_head_stride,
                                                       p.out_batch_stride),
-                           slayout_q, typename Traits::TileQ{}, _1{});
+                           slayout_o, typename Traits::TileO{}, _1{});
   kp.packed_heads = packed;
   if (packed > 1) {
-    if (Status s = encode_packed_rows<Element>(&kp.tma_q_packed, q, headdim, packed, call.seqlen_q, kv_heads, p.batch,
+    if (Status s = encode_packed_rows<ElementQK>(&kp.tma_q_packed, q, headdim, packed, call.seqlen_q, kv_heads, p.batch,
                                                p.q_row_stride, p.q_head_stride, p.q_batch_stride);
         !s.ok())
       return s;
-    if (Status s = encode_packed_rows<Element>(&kp.tma_o_packed, p.out, headdim, packed, call.seqlen_q, kv_heads,
+    if (Status s = encode_packed_rows<ElementO>(&kp.tma_o_packed, p.out, p.headdim_v, packed, call.seqlen_q, kv_heads,
                                                p.batch, p.out_row_stride, p.out_head_stride, p.out_batch_stride);
         !s.ok())
       return s;
@@ -190,7 +198,7 @@ Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
   // The last wave shared by all CTAs, where it pays and the caller gave the workspace for it.
   static_assert(fwd_tile_size(kHeadDim, kSecondTile).consumers == Traits::kConsumers &&
                 fwd_tile_size(kHeadDim, kSecondTile).block_n == Traits::kBlockN);
-  const FwdSplitPlan split = plan_fwd_split(call, kHeadDim, sm_count);
+  const FwdSplitPlan split = plan_fwd_split(call, kHeadDim, sm_count, kHeadDimV);
   if (split.split.tiles > 0 && p.workspace != nullptr && p.workspace_bytes >= split.workspace.bytes) {
     kp.schedule.split = split.split;
     kp.split_count = static_cast<int*>(p.workspace);
@@ -223,13 +231,14 @@ Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
 // A head dim's launcher: its second tile where it has one and the call asks for it (hd 64: short
 // causal calls; fwd_config.h), else its tile. The split plan and the host's workspace size make
 // the same choice through fwd_second_tile.
-template <class Element, int kHeadDim>
+// kHeadDimV: V's and O's head dim where it differs (a (head dim, V head dim) pair kernel).
+template <class Element, int kHeadDim, int kHeadDimV = kHeadDim>
 Status run_fwd(const FwdKernelParams& p, cudaStream_t stream) {
-  if constexpr (fwd_has_second_tile(kHeadDim)) {
+  if constexpr (fwd_has_second_tile(kHeadDim) && kHeadDimV == kHeadDim) {
     if (fwd_second_tile(kHeadDim, p.seqlen_q, p.seqlen_k, p.causal))
-      return run_fwd_tiles<Element, kHeadDim, true>(p, stream);
+      return run_fwd_tiles<Element, kHeadDim, true, kHeadDimV>(p, stream);
   }
-  return run_fwd_tiles<Element, kHeadDim, false>(p, stream);
+  return run_fwd_tiles<Element, kHeadDim, false, kHeadDimV>(p, stream);
 }
 
 }  // namespace flashcute::hopper

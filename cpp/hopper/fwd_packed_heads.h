@@ -24,15 +24,18 @@ inline bool fwd_varlen(const FwdKernelParams& p) {
 
 // The query heads packed per tile row block: G where packing holds, else 1. Packing needs
 // whole 128-byte swizzle columns (kernel head dims that are multiples of 64, and calls that
-// fill them: p.headdim, the call's, too), no causal or window band unless there is one query
-// row and no left window side (the bottom-right causal diagonal, or a right side, then masks
-// nothing), no ALiBi (its slope and distance follow the query head and row that packing
-// merges), no dropout (its bits follow them too), fewer query tiles, and a fixed-length batch (a variable-length one's tiles are its
-// sequences', seq_view.h). `headdim`: the kernel's.
-inline int fwd_packed_heads(const FwdKernelParams& p, int headdim, int block_m) {
+// fill them: p.headdim and p.headdim_v, the call's, too), no causal or window band unless
+// there is one query row and no left window side (the bottom-right causal diagonal, or a right
+// side, then masks nothing), no ALiBi (its slope and distance follow the query head and row
+// that packing merges), no dropout (its bits follow them too), fewer query tiles, and a
+// fixed-length batch (a variable-length one's tiles are its sequences', seq_view.h).
+// `headdim`, `headdim_v`: the kernel's (0: headdim).
+inline int fwd_packed_heads(const FwdKernelParams& p, int headdim, int block_m, int headdim_v = 0) {
   if (fwd_varlen(p)) return 1;
+  if (headdim_v == 0) headdim_v = headdim;
   const int group = p.heads_per_kv;
-  if (group < 2 || 64 % group != 0 || headdim % 64 != 0 || p.headdim % 64 != 0 || block_m <= 0 || p.seqlen_q <= 0)
+  if (group < 2 || 64 % group != 0 || headdim % 64 != 0 || headdim_v % 64 != 0 || p.headdim % 64 != 0 ||
+      p.headdim_v % 64 != 0 || block_m <= 0 || p.seqlen_q <= 0)
     return 1;
   if (p.alibi_slopes != nullptr || p.dropout_threshold != 0) return 1;
   if (has_band(p) && (p.seqlen_q != 1 || p.window_left < p.seqlen_k)) return 1;

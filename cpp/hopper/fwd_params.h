@@ -15,8 +15,8 @@ template <class Traits>
 struct FwdParams {
   FwdKernelParams args;
   typename Traits::TmaQ tma_q;
-  typename Traits::TmaKV tma_k;
-  typename Traits::TmaKV tma_v;
+  typename Traits::TmaK tma_k;
+  typename Traits::TmaV tma_v;
   typename Traits::TmaO tma_o;
   TileSchedule schedule;
   // Rows of K/V's tensor maps: seqlen_k, total_k where keys are packed (cu_seqlens_k), or 1
@@ -40,20 +40,29 @@ struct FwdParams {
 
 // Head dims whose calls may pack query heads (fwd_packed_heads): whole 128-byte swizzle columns.
 template <class Traits>
-constexpr bool kPacksQueryHeads = Traits::kHeadDim % 64 == 0;
+constexpr bool kPacksQueryHeads = Traits::kHeadDim % 64 == 0 && Traits::kHeadDimV % 64 == 0;
 
 // Packed query heads: where consumer c's TMA box of head-dim columns [col, col + 64) lies in
-// Q's buffer (O's staging has the same layout). The box is 64 rows of 128 bytes, which the
-// layout stacks as eight 8-row swizzle atoms, so the box lands exactly as a 2-d one would.
+// Q's buffer (of kHeadDim columns) or O's staging (kHeadDimV), both laid out alike. The box is
+// 64 rows of 128 bytes, which the layout stacks as eight 8-row swizzle atoms, so the box lands
+// exactly as a 2-d one would.
+template <class SmemLayout, class Element, int kCols>
+CUTE_HOST_DEVICE constexpr int packed_box_offset_in(int c, int col) {
+  // Offsets before the swizzle, which TMA applies to the box as it does to the unpacked one.
+  constexpr auto layout = cute::get_nonswizzle_portion(SmemLayout{});
+  constexpr int kNextColumns = 64 % kCols;  // 0 at 64 columns
+  static_assert(kCols % 64 == 0 && sizeof(Element) == 2);
+  static_assert(layout(1, 0, 0) == 64 && layout(8, 0, 0) == 8 * 64 && layout(0, kNextColumns, 0) == kNextColumns * 64 &&
+                layout(0, 0, 1) == 64 * kCols, "a buffer of 64 x 64 blocks of 128-byte rows");
+  return c * 64 * kCols + col * 64;
+}
 template <class Traits>
 CUTE_HOST_DEVICE constexpr int packed_box_offset(int c, int col) {
-  // Offsets before the swizzle, which TMA applies to the box as it does to the unpacked one.
-  constexpr auto layout = cute::get_nonswizzle_portion(typename Traits::SmemLayoutQ{});
-  constexpr int kNextColumns = 64 % Traits::kHeadDim;  // 0 at hd 64
-  static_assert(Traits::kHeadDim % 64 == 0 && sizeof(typename Traits::Element) == 2);
-  static_assert(layout(1, 0, 0) == 64 && layout(8, 0, 0) == 8 * 64 && layout(0, kNextColumns, 0) == kNextColumns * 64 &&
-                layout(0, 0, 1) == 64 * Traits::kHeadDim, "Q's buffer: 64 x 64 blocks of 128-byte rows");
-  return c * 64 * Traits::kHeadDim + col * 64;
+  return packed_box_offset_in<typename Traits::SmemLayoutQ, typename Traits::ElementQK, Traits::kHeadDim>(c, col);
+}
+template <class Traits>
+CUTE_HOST_DEVICE constexpr int packed_o_box_offset(int c, int col) {
+  return packed_box_offset_in<typename Traits::SmemLayoutO, typename Traits::ElementO, Traits::kHeadDimV>(c, col);
 }
 
 // Where a tile row lives in the caller's Q, O and LSE: with packed query heads (G > 1), tile

@@ -31,10 +31,10 @@ CUTE_DEVICE void produce_fwd(FwdParams<Traits> const& params, typename Traits::S
 
   Tensor mQ = params.tma_q.get_tma_tensor(make_shape(args.seqlen_q, int(Traits::kHeadDim), args.nheads, args.batch));
   Tensor mK = params.tma_k.get_tma_tensor(make_shape(params.tma_seqlen_k, int(Traits::kHeadDim), params.nheads_kv, args.batch));
-  Tensor mV = params.tma_v.get_tma_tensor(make_shape(params.tma_seqlen_k, int(Traits::kHeadDim), params.nheads_kv, args.batch));
+  Tensor mV = params.tma_v.get_tma_tensor(make_shape(params.tma_seqlen_k, int(Traits::kHeadDimV), params.nheads_kv, args.batch));
   Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});
-  Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});
-  Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});
+  Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutV{});
   auto tma_q = params.tma_q.get_slice(_0{});
   auto tma_k = params.tma_k.get_slice(_0{});
   auto tma_v = params.tma_v.get_slice(_0{});
@@ -64,9 +64,9 @@ CUTE_DEVICE void produce_fwd(FwdParams<Traits> const& params, typename Traits::S
                                                              mQ(_, _, tile.head, q_batch)),
                                                typename Traits::TileQ{}, make_coord(_, _0{})));
     Tensor tKgK = tma_k.partition_S(local_tile(domain_offset(make_coord(view.k_start, _0{}), mK(_, _, kv_head, k_batch)),
-                                               typename Traits::TileKV{}, make_coord(_, _0{})));  // (TMA, ..., key block)
+                                               typename Traits::TileK{}, make_coord(_, _0{})));  // (TMA, ..., key block)
     Tensor tVgV = tma_v.partition_S(local_tile(domain_offset(make_coord(view.k_start, _0{}), mV(_, _, kv_head, k_batch)),
-                                               typename Traits::TileKV{}, make_coord(_, _0{})));
+                                               typename Traits::TileV{}, make_coord(_, _0{})));
     auto load_k = [&](int n) {
       pipeline_k.producer_acquire(k_state);
       copy(params.tma_k.with(*pipeline_k.producer_get_barrier(k_state)), tKgK(_, _, _, n),

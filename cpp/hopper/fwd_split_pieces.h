@@ -31,7 +31,7 @@ struct PieceStates {
   static_assert(kCols % 4 == 0);
   static constexpr int kAccChunks = kRows * kCols / 4;
   static constexpr int kStateFloats = (kAccChunks + 1) * 512;  // per consumer and slot
-  static_assert(kStateFloats == fwd_split_state_floats(Traits::kHeadDim), "the workspace the host sizes");
+  static_assert(kStateFloats == fwd_split_state_floats(Traits::kHeadDimV), "the workspace the host sizes");
   FwdTailSplit const& split;
   float* base;  // this consumer's and thread's part of slot 0
 
@@ -164,7 +164,7 @@ CUTE_DEVICE void merge_split_pieces(FwdParams<Traits> const& params, int consume
 // 16 k + 2 q + {0, 1, 8, 9} (the WGMMA accumulator layout).
 template <class Traits, int kRows, int kCols>
 CUTE_DEVICE void merge_few_rows(FwdParams<Traits> const& params, FwdTile const& tile, int row0, int rows) {
-  using Element = typename Traits::Element;
+  using ElementO = typename Traits::ElementO;
   using States = PieceStates<Traits, kRows, kCols>;
   constexpr int kRowChunks = kCols / 4;  // per thread and row; 4 threads (a quad) hold a row
   const FwdKernelParams& args = params.args;
@@ -217,14 +217,14 @@ CUTE_DEVICE void merge_few_rows(FwdParams<Traits> const& params, FwdTile const& 
     }
     const float inv = row_has_no_key(sum) ? 0.f : args.dropout_rescale / sum;  // dropout's 1 / (1 - p)
     const QueryRowOf query = query_row_of(params, tile.head, row0 + row);
-    Element* out = static_cast<Element*>(args.out) + tile.batch * args.out_batch_stride +
+    ElementO* out = static_cast<ElementO*>(args.out) + tile.batch * args.out_batch_stride +
                    query.head * args.out_head_stride + query.row * args.out_row_stride + 16 * k + 2 * quad_lane;
-    alignas(4) Element pair[2][2] = {{Element(acc.x * inv), Element(acc.y * inv)},
-                                     {Element(acc.z * inv), Element(acc.w * inv)}};
+    alignas(4) ElementO pair[2][2] = {{ElementO(acc.x * inv), ElementO(acc.y * inv)},
+                                      {ElementO(acc.z * inv), ElementO(acc.w * inv)}};
     // Only the call's columns (a multiple of 8: a pair is written whole or not at all).
     const int col = 16 * k + 2 * quad_lane;
-    if (col < args.headdim) *reinterpret_cast<uint32_t*>(out) = *reinterpret_cast<const uint32_t*>(pair[0]);
-    if (col + 8 < args.headdim) *reinterpret_cast<uint32_t*>(out + 8) = *reinterpret_cast<const uint32_t*>(pair[1]);
+    if (col < args.headdim_v) *reinterpret_cast<uint32_t*>(out) = *reinterpret_cast<const uint32_t*>(pair[0]);
+    if (col + 8 < args.headdim_v) *reinterpret_cast<uint32_t*>(out + 8) = *reinterpret_cast<const uint32_t*>(pair[1]);
     if (k == 0 && quad_lane == 0 && args.lse != nullptr)
       args.lse[tile.batch * args.lse_batch_stride + query.head * args.lse_head_stride + query.row] =
           row_lse(row_max * args.scale_log2, sum);

@@ -20,21 +20,23 @@ struct FwdSplitPlan {
 // Only without a causal or window band (every tile has the same work), with keys to split and
 // in a fixed-length batch (a variable-length one's tiles differ per sequence).
 // The plan is the packed call's (fwd_packed_heads.h) where query heads are packed. `headdim`:
-// the kernel's, which sets the tile and the pieces' state (the call's may be smaller).
-inline FwdSplitPlan plan_fwd_split(const FwdKernelParams& call, int headdim, int sms) {
+// the kernel's, which sets the tile; `headdim_v` (0: headdim), its V head dim, sets the
+// pieces' state (the call's may be smaller).
+inline FwdSplitPlan plan_fwd_split(const FwdKernelParams& call, int headdim, int sms, int headdim_v = 0) {
+  if (headdim_v == 0) headdim_v = headdim;
   FwdSplitPlan plan;
   const FwdTileSize tile =
       fwd_tile_size(headdim, fwd_second_tile(headdim, call.seqlen_q, call.seqlen_k, call.causal));
   const int block_m = 64 * tile.consumers;
-  const FwdKernelParams p = fwd_packed_view(call, fwd_packed_heads(call, headdim, block_m));
+  const FwdKernelParams p = fwd_packed_view(call, fwd_packed_heads(call, headdim, block_m, headdim_v));
   if (tile.consumers == 0 || has_band(p) || fwd_varlen(p) || p.seqlen_q <= 0 || p.seqlen_k <= 0 || p.batch <= 0 || p.nheads <= 0)
     return plan;
   const long long units = static_cast<long long>((p.seqlen_q + block_m - 1) / block_m) * p.nheads * p.batch;
   if (units > INT_MAX) return plan;
   const int key_blocks = (p.seqlen_k + tile.block_n - 1) / tile.block_n;
-  const bool few_rows = fwd_split_few_rows(p.seqlen_q < block_m ? p.seqlen_q : block_m, headdim, tile.consumers);
+  const bool few_rows = fwd_split_few_rows(p.seqlen_q < block_m ? p.seqlen_q : block_m, headdim_v, tile.consumers);
   plan.split = plan_fwd_tail_split(static_cast<int>(units), key_blocks, sms, p.seqlen_q % block_m != 0, few_rows);
-  plan.workspace = fwd_split_workspace(plan.split, tile.consumers, headdim);
+  plan.workspace = fwd_split_workspace(plan.split, tile.consumers, headdim_v);
   return plan;
 }
 

@@ -19,10 +19,19 @@ namespace flashcute::hopper {
 
 using namespace cute;
 
-template <class Element_, int kHeadDim_, int kBlockN_, int kStages_, int kConsumers_ = 2>
+// Element types per operand: Q and K (ElementQK), V, O (and its staging), and P, the
+// probabilities as the A operand of P·V. Today all are Element; they are separate so that a
+// kernel may read one type and write another (e.g. 8-bit Q/K/V, 16-bit O). kHeadDimV: the
+// head dim of V and O (default kHeadDim); Q·Kᵀ runs over kHeadDim, P·V and O over kHeadDimV.
+template <class Element_, int kHeadDim_, int kBlockN_, int kStages_, int kConsumers_ = 2, int kHeadDimV_ = kHeadDim_>
 struct FwdTraits {
   using Element = Element_;
+  using ElementQK = Element;
+  using ElementV = Element;
+  using ElementO = Element;
+  using ElementP = ElementV;  // the A operand of P·V takes V's type
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDimV_;
   static constexpr int kBlockN = kBlockN_;    // keys per block
   static constexpr int kStages = kStages_;    // K and V pipelines, each
   static constexpr int kConsumers = kConsumers_;
@@ -36,49 +45,70 @@ struct FwdTraits {
   static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= (65536 / kThreads) / 8 * 8 * kThreads,
                 "producer + consumer registers exceed the CTA's allocation");
 
-  using TileQ = Shape<Int<kRowsPerConsumer>, Int<kHeadDim>>;  // one consumer's Q (and O) rows
-  using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
+  using TileQ = Shape<Int<kRowsPerConsumer>, Int<kHeadDim>>;   // one consumer's Q rows
+  using TileO = Shape<Int<kRowsPerConsumer>, Int<kHeadDimV>>;  // one consumer's O rows
+  using TileK = Shape<Int<kBlockN>, Int<kHeadDim>>;
+  using TileV = Shape<Int<kBlockN>, Int<kHeadDimV>>;
   using TileS = Shape<Int<kRowsPerConsumer>, Int<kBlockN>>;
 
   // Head-dim-major tiles, swizzled as WGMMA reads them (128-byte swizzle where hd allows).
-  using SmemAtom = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
-                            GMMA::Major::K, Element, Int<kBlockN>, Int<kHeadDim>>());
+  using SmemAtomQK = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
+                              GMMA::Major::K, ElementQK, Int<kBlockN>, Int<kHeadDim>>());
+  using SmemAtomV = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
+                             GMMA::Major::K, ElementV, Int<kBlockN>, Int<kHeadDimV>>());
+  using SmemAtomO = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
+                             GMMA::Major::K, ElementO, Int<kBlockN>, Int<kHeadDimV>>());
   // Q: (64 rows, hd, consumer): each consumer's rows are one contiguous block, so the O tile
   // a consumer writes in its epilogue never overlaps rows another consumer still reads.
   using SmemLayoutQ = decltype(tile_to_shape(
-      SmemAtom{}, Shape<Int<kRowsPerConsumer>, Int<kHeadDim>, Int<kConsumers>>{}));
-  using SmemLayoutKV = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
-  // V seen as (hd, keys, stage): the MN-major B operand of P·V, no transpose in memory.
+      SmemAtomQK{}, Shape<Int<kRowsPerConsumer>, Int<kHeadDim>, Int<kConsumers>>{}));
+  // O's staging for its TMA store, laid out as Q's buffer is (the same layout where the types
+  // and head dims agree).
+  using SmemLayoutO = decltype(tile_to_shape(
+      SmemAtomO{}, Shape<Int<kRowsPerConsumer>, Int<kHeadDimV>, Int<kConsumers>>{}));
+  using SmemLayoutK = decltype(tile_to_shape(SmemAtomQK{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutV = decltype(tile_to_shape(SmemAtomV{}, Shape<Int<kBlockN>, Int<kHeadDimV>, Int<kStages>>{}));
+  // V seen as (hdv, keys, stage): the MN-major B operand of P·V, no transpose in memory.
   using SmemLayoutVt = decltype(composition(
-      SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
-                                          Step<_2, _1, _3>{})));
+      SmemLayoutV{}, make_ordered_layout(Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{},
+                                         Step<_2, _1, _3>{})));
 
   using TiledMmaQK = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<Int<kRowsPerConsumer>, Int<kBlockN>, Int<kHeadDim>>>()));
+      GMMA::ss_op_selector<ElementQK, ElementQK, float, Shape<Int<kRowsPerConsumer>, Int<kBlockN>, Int<kHeadDim>>>()));
   using TiledMmaPV = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, Shape<Int<kRowsPerConsumer>, Int<kHeadDim>, Int<kBlockN>>,
+      GMMA::rs_op_selector<ElementP, ElementV, float, Shape<Int<kRowsPerConsumer>, Int<kHeadDimV>, Int<kBlockN>>,
                            GMMA::Major::K, GMMA::Major::MN>()));
-  using SmemCopyAtomO = Copy_Atom<SM90_U32x4_STSM_N, Element>;
+  using SmemCopyAtomO = Copy_Atom<SM90_U32x4_STSM_N, ElementO>;
 
   // Global tensors as TMA sees them: (seqlen, hd, heads, batch), unit stride along hd.
   using GmemLayout = Layout<Shape<int32_t, int32_t, int32_t, int32_t>, Stride<int64_t, _1, int64_t, int64_t>>;
-  using GmemIn = decltype(make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemLayout{}));
-  using GmemOut = decltype(make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), GmemLayout{}));
-  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemIn{}, SmemLayoutQ{}(_, _, _0{}), TileQ{}, _1{}));
-  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemIn{}, SmemLayoutKV{}(_, _, _0{}), TileKV{}, _1{}));
-  using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemOut{}, SmemLayoutQ{}(_, _, _0{}), TileQ{}, _1{}));
+  using GmemQK = decltype(make_tensor(make_gmem_ptr(static_cast<ElementQK const*>(nullptr)), GmemLayout{}));
+  using GmemV = decltype(make_tensor(make_gmem_ptr(static_cast<ElementV const*>(nullptr)), GmemLayout{}));
+  using GmemOut = decltype(make_tensor(make_gmem_ptr(static_cast<ElementO*>(nullptr)), GmemLayout{}));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemQK{}, SmemLayoutQ{}(_, _, _0{}), TileQ{}, _1{}));
+  using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemQK{}, SmemLayoutK{}(_, _, _0{}), TileK{}, _1{}));
+  using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemV{}, SmemLayoutV{}(_, _, _0{}), TileV{}, _1{}));
+  using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemOut{}, SmemLayoutO{}(_, _, _0{}), TileO{}, _1{}));
 
   static constexpr int kQElems = cosize_v<SmemLayoutQ>;
-  static constexpr int kKVElems = cosize_v<SmemLayoutKV>;
-  static constexpr uint32_t kQBytes = kQElems * sizeof(Element);
-  static constexpr uint32_t kKVBlockBytes = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr int kOElems = cosize_v<SmemLayoutO>;
+  static constexpr int kKElems = cosize_v<SmemLayoutK>;
+  static constexpr int kVElems = cosize_v<SmemLayoutV>;
+  static constexpr uint32_t kQBytes = kQElems * sizeof(ElementQK);
+  static constexpr int kOBufferBytes = kOElems * int(sizeof(ElementO));
+  static constexpr uint32_t kKBlockBytes = kBlockN * kHeadDim * sizeof(ElementQK);
+  static constexpr uint32_t kVBlockBytes = kBlockN * kHeadDimV * sizeof(ElementV);
   // Where O is staged for its TMA store: its own buffer when that fits; else the start of V's
   // buffer (the next tile's V loads wait for the O store, but its Q and first K blocks do not);
   // else Q's buffer (the next tile's Q load waits for the O store).
   static constexpr int kSmemLimit = 227 * 1024;
-  static constexpr bool kOOwnBuffer = (2 * kQElems + 2 * kKVElems) * int(sizeof(Element)) + 1024 <= kSmemLimit;
-  static constexpr bool kOAliasesV = !kOOwnBuffer && kKVElems >= kQElems;
+  static constexpr bool kOOwnBuffer = int(kQBytes) + kOBufferBytes + kKElems * int(sizeof(ElementQK)) +
+                                          kVElems * int(sizeof(ElementV)) + 1024 <= kSmemLimit;
+  static constexpr bool kOAliasesV = !kOOwnBuffer && kVElems * int(sizeof(ElementV)) >= kOBufferBytes;
   static constexpr bool kOAliasesQ = !kOOwnBuffer && !kOAliasesV;
+  // In Q's buffer each consumer's O must sit on its own Q rows, which other consumers never read.
+  static_assert(!kOAliasesQ || (kHeadDimV == kHeadDim && sizeof(ElementO) == sizeof(ElementQK)),
+                "O staged in Q's buffer needs Q's layout");
 
   // Arrivals that free Q's buffer: every consumer thread after its last Q·Kᵀ, or, when O
   // reuses the buffer, one thread per consumer after its O store has read it.
@@ -87,10 +117,10 @@ struct FwdTraits {
   using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
 
   struct SharedStorage {
-    cute::array_aligned<Element, kQElems, 1024> q;
-    cute::array_aligned<Element, kKVElems, 1024> k;
-    cute::array_aligned<Element, kKVElems, 1024> v;
-    cute::array_aligned<Element, kOOwnBuffer ? kQElems : 8, 1024> o;
+    cute::array_aligned<ElementQK, kQElems, 1024> q;
+    cute::array_aligned<ElementQK, kKElems, 1024> k;
+    cute::array_aligned<ElementV, kVElems, 1024> v;
+    cute::array_aligned<ElementO, kOOwnBuffer ? kOElems : 8, 1024> o;
     typename PipelineKV::SharedStorage pipeline_k;
     typename PipelineKV::SharedStorage pipeline_v;
     cutlass::arch::ClusterTransactionBarrier q_full;  // Q of the current tile landed
@@ -101,8 +131,9 @@ struct FwdTraits {
   static_assert(kSmemBytes <= kSmemLimit, "tile does not fit in shared memory");
 };
 
-template <class Element, int kHeadDim, bool kSecondTile = false,
+// A (head dim, V head dim) pair takes the tile of its Q·Kᵀ head dim (fwd_config.h).
+template <class Element, int kHeadDim, bool kSecondTile = false, int kHeadDimV = kHeadDim,
           class Shape = std::conditional_t<kSecondTile, FwdSecondTileShape<kHeadDim>, FwdTileShape<kHeadDim>>>
-using FwdTraitsFor = FwdTraits<Element, kHeadDim, Shape::kBlockN_, Shape::kStages_, Shape::kConsumers_>;
+using FwdTraitsFor = FwdTraits<Element, kHeadDim, Shape::kBlockN_, Shape::kStages_, Shape::kConsumers_, kHeadDimV>;
 
 }  // namespace flashcute::hopper

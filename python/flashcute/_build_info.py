@@ -45,6 +45,17 @@ def _head_dims(value: str, key: str) -> list[int]:
         raise RuntimeError(f"flashcute._C.build_info(): malformed {key} {value!r}") from exc
 
 
+def _head_dim_pairs(value: str, key: str) -> list[list[int]]:
+    """``"192,128;..."`` as sorted [head dim, v head dim] pairs."""
+    try:
+        pairs = [[int(d) for d in item.split(",")] for item in _split(value)]
+    except ValueError as exc:
+        raise RuntimeError(f"flashcute._C.build_info(): malformed {key} {value!r}") from exc
+    if any(len(pair) != 2 for pair in pairs):
+        raise RuntimeError(f"flashcute._C.build_info(): malformed {key} {value!r}")
+    return sorted(pairs)
+
+
 @functools.lru_cache(maxsize=1)
 def _cached_build_info() -> dict[str, Any]:
     raw = load_extension().build_info()
@@ -60,6 +71,10 @@ def _cached_build_info() -> dict[str, Any]:
                     f"{name}_backward_head_dims",
                 ),
                 "dtypes": _split(raw[f"{name}_dtypes"]),
+                # (head dim, v head dim) pairs with forward kernels whose v head dim differs
+                "head_dim_pairs": _head_dim_pairs(
+                    raw.get(f"{name}_dv_pairs", ""), f"{name}_dv_pairs"
+                ),
             }
             for name in BACKEND_NAMES
         },
@@ -73,15 +88,25 @@ def build_info() -> dict[str, Any]:
         A new dict with keys ``"version"`` (str), ``"cuda_archs"`` (list of str such as
         ``["80", "90a"]``), ``"cuda_runtime_version"`` (int, the CUDART_VERSION built
         against) and ``"backends"``: ``{"ampere": {"head_dims": [...], "backward_head_dims": [...],
-        "dtypes": [...]}, "hopper": {...}}``. A backend that was not built has empty lists.
-        These are the compiled head dims: a call of any multiple of 8 up to 256 runs on the
-        smallest one at least as large; one without a Hopper-path backward kernel that large
-        differentiates on the Ampere path.
+        "dtypes": [...], "head_dim_pairs": [...]}, "hopper": {...}}``. A backend that was not
+        built has empty lists. These are the compiled head dims: a call of any multiple of 8
+        up to 256 runs on the smallest one at least as large; one without a Hopper-path
+        backward kernel that large differentiates on the Ampere path. ``head_dim_pairs`` lists
+        the forward kernels whose v head dim differs from q's and k's, as ``[head dim, v head
+        dim]``: a call whose v head dim differs runs forward on the smallest pair at least as
+        large in both, and backward on the Hopper-path backward kernel at least as large as
+        both head dims.
 
     Raises:
         ImportError: the compiled extension is missing.
     """
     return copy.deepcopy(_cached_build_info())
+
+
+def head_dim_pairs(backend: str) -> list[list[int]]:
+    """[head dim, v head dim] pairs of ``backend``'s forward kernels with a v head dim of their
+    own."""
+    return _cached_build_info()["backends"][backend]["head_dim_pairs"]
 
 
 def backend_support(backend: str, *, backward: bool = False) -> tuple[list[int], list[str]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ._build_info import BACKEND_NAMES, backend_support, load_extension
+from ._build_info import BACKEND_NAMES, backend_support, head_dim_pairs, load_extension
 
 _MIN_CAPABILITY = {"ampere": 80, "hopper": 90}
 
@@ -19,6 +19,56 @@ def kernel_head_dim(backend: str, headdim: int, backward: bool = False) -> Optio
     only ``headdim`` columns."""
     head_dims, _ = backend_support(backend, backward=backward)
     return min((d for d in head_dims if d >= headdim), default=None)
+
+
+def kernel_head_dim_pair(
+    backend: str, headdim: int, headdim_v: int, backward: bool = False
+) -> Optional[tuple[int, int]]:
+    """The compiled kernel's (head dim, v head dim) that runs a call of ``backend`` whose v
+    head dim ``headdim_v`` differs from ``headdim``, or None. Forward: the smallest head dim
+    pair at least as large in both. Backward: the backward kernel at least as large as both
+    head dims (its columns past each are zeros), as (kernel head dim, kernel head dim)."""
+    if backward:
+        kernel = kernel_head_dim(backend, max(headdim, headdim_v), backward=True)
+        return None if kernel is None else (kernel, kernel)
+    fits = [(d, dv) for d, dv in head_dim_pairs(backend) if d >= headdim and dv >= headdim_v]
+    return min(fits, key=lambda pair: (pair[0] + pair[1], pair), default=None)
+
+
+def pairs_text(backward: bool) -> str:
+    """What the Hopper path compiles for calls whose v head dim differs, for messages."""
+    if backward:
+        dims = backend_support("hopper", backward=True)[0]
+        compiled = ", ".join(map(str, dims)) if dims else "none"
+        return f"backward head dims {compiled}, one at least as large as both head dims"
+    pairs = head_dim_pairs("hopper")
+    return "pairs " + (", ".join(f"({d}, {dv})" for d, dv in pairs) if pairs else "none")
+
+
+def _choose_pair(
+    requested: Optional[str],
+    capability: int,
+    headdim: int,
+    headdim_v: int,
+    dtype: Optional[str],
+    backward: bool,
+) -> int:
+    """The backend of a call whose v head dim differs from q's: only the Hopper path has such
+    kernels (head dim pairs), on sm90. ValueError naming ``v`` everywhere else."""
+    what = (
+        f"v: head dim {headdim_v} differs from q's and k's {headdim}; only the Hopper path "
+        f"runs such calls (compiled: {pairs_text(backward)})"
+    )
+    if requested == "ampere":
+        raise ValueError(f"{what}, not backend='ampere'")
+    if not _runs_on("hopper", capability):
+        raise ValueError(f"{what}, on an sm90 GPU; this is {_sm(capability)}")
+    if kernel_head_dim_pair("hopper", headdim, headdim_v, backward) is None:
+        raise ValueError(f"{what}; this build has none for ({headdim}, {headdim_v})")
+    reason = _compiled_for("hopper", None, dtype, backward=backward)
+    if reason is not None:
+        raise ValueError(f"backend={'hopper'!r}: {reason}")
+    return load_extension().BACKEND_HOPPER
 
 
 def _compiled_for(
@@ -58,6 +108,7 @@ def choose_backend(
     *,
     headdim: Optional[int] = None,
     dtype: Optional[str] = None,
+    headdim_v: Optional[int] = None,
 ) -> int:
     """Resolve a backend request to one of ``_C.BACKEND_AMPERE`` / ``_C.BACKEND_HOPPER``.
 
@@ -65,6 +116,8 @@ def choose_backend(
         requested: None (pick by the GPU), "ampere" or "hopper".
         capability: the GPU's compute capability, major * 10 + minor (86 for sm86).
         headdim, dtype: when given, the chosen backend must have kernels compiled for them.
+        headdim_v: v's head dim where it differs from ``headdim``: only the Hopper path's
+            head dim pair kernels run such calls (a ValueError naming ``v`` elsewhere).
 
     With ``requested=None`` the GPU's default backend (``_C.default_backend``) is used; when
     this build lacks kernels for the head dim / dtype there, the other backend is used if
@@ -82,12 +135,15 @@ def choose_backend(
     if requested is not None and requested not in BACKEND_NAMES:
         raise ValueError(f"backend: expected None, 'ampere' or 'hopper', got {requested!r}")
 
+    if requested is None and capability < _MIN_CAPABILITY["ampere"]:
+        raise RuntimeError(
+            f"flashcute needs an sm80 or newer GPU (Ampere, Ada, Hopper); "
+            f"this is {_sm(capability)}"
+        )
+    if headdim is not None and headdim_v is not None and headdim_v != headdim:
+        return _choose_pair(requested, capability, headdim, headdim_v, dtype, backward=False)
+
     if requested is None:
-        if capability < _MIN_CAPABILITY["ampere"]:
-            raise RuntimeError(
-                f"flashcute needs an sm80 or newer GPU (Ampere, Ada, Hopper); "
-                f"this is {_sm(capability)}"
-            )
         default = str(ext.default_backend(capability))
         candidates = [default] + [b for b in BACKEND_NAMES if b != default]
         able = [
@@ -120,6 +176,7 @@ def choose_backward_backend(
     headdim: int,
     dtype: str,
     deterministic: bool = False,
+    headdim_v: Optional[int] = None,
 ) -> int:
     """Like ``choose_backend``, for the backward pass.
 
@@ -128,12 +185,28 @@ def choose_backward_backend(
     dim exactly; everything else, and every ``deterministic=True`` call, runs the Ampere path
     (only its atomic-free design is bitwise reproducible).
 
+    A call whose v head dim ``headdim_v`` differs from ``headdim`` runs on the Hopper path
+    only, on a backward kernel at least as large as both head dims (never deterministic: it
+    adds dQ with atomics).
+
     Raises:
         ValueError: a backend that cannot run this GPU, head dim or dtype, or
-            backend="hopper" with deterministic=True.
+            backend="hopper" with deterministic=True, or a v head dim of its own where no
+            kernel runs it (naming ``v``).
         RuntimeError: the GPU is older than sm80.
     """
     ext = load_extension()
+    if headdim_v is not None and headdim_v != headdim:
+        if requested is None and capability < _MIN_CAPABILITY["ampere"]:
+            return choose_backend(None, capability, headdim=headdim, dtype=dtype)  # raises
+        if deterministic and requested != "hopper":  # backend="hopper" is refused below
+            raise ValueError(
+                f"v: head dim {headdim_v} differs from q's and k's {headdim}; only the "
+                f"Hopper-path backward runs such calls, which adds dQ with atomics: "
+                f"deterministic=True has no kernel for them"
+            )
+        if not deterministic:
+            return _choose_pair(requested, capability, headdim, headdim_v, dtype, backward=True)
     if requested == "hopper":
         if deterministic:
             raise ValueError(

@@ -91,7 +91,9 @@ def _plan(
         dropout_rng_state=dropout_rng_state,
     )
     capability = int(ext.device_capability(problem.device_id))
-    code = choose_backend(backend, capability, headdim=problem.headdim, dtype=problem.dtype)
+    code = choose_backend(
+        backend, capability, headdim=problem.headdim, dtype=problem.dtype, headdim_v=problem.dv
+    )
     workspace_bytes = 0 if problem.empty_output else forward_workspace_bytes(ext, problem, causal, code)
     return _Plan(problem, code, workspace_bytes)
 
@@ -128,9 +130,9 @@ def _gradient_buffers(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, workspace) of a planned backward: the given buffers or new tensors."""
     problem = plan.problem
-    dq = q.new_empty(problem.out_shape) if dq is None else dq
+    dq = q.new_empty(problem.q_shape) if dq is None else dq
     dk = q.new_empty(problem.kv_shape) if dk is None else dk
-    dv = q.new_empty(problem.kv_shape) if dv is None else dv
+    dv = q.new_empty(problem.v_shape) if dv is None else dv
     return dq, dk, dv, q.new_empty((plan.workspace_bytes,), dtype=torch.uint8)
 
 
@@ -185,7 +187,7 @@ def _backward_plan(
     capability = int(ext.device_capability(problem.device_id))
     code = choose_backward_backend(
         backend, capability, headdim=problem.headdim, dtype=problem.dtype,
-        deterministic=deterministic,
+        deterministic=deterministic, headdim_v=problem.dv,
     )
     workspace_bytes = int(ext.backward_workspace_size(
         problem.batch, problem.seqlen_q, problem.seqlen_k, problem.nheads, problem.nheads_kv,

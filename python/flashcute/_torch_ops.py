@@ -48,7 +48,8 @@ def _fake_forward_problem(
         dropout_rng_state=dropout_rng_state,
     )
     _fake_device_checks(q, infos, lambda capability: choose_backend(
-        backend, capability, headdim=problem.headdim, dtype=problem.dtype))
+        backend, capability, headdim=problem.headdim, dtype=problem.dtype,
+        headdim_v=problem.dv))
     return problem
 
 
@@ -212,9 +213,10 @@ def _(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, c
     )
     _fake_device_checks(q, infos, lambda capability: choose_backward_backend(
         backend, capability, headdim=problem.headdim, dtype=problem.dtype,
-        deterministic=deterministic))
+        deterministic=deterministic, headdim_v=problem.dv))
     kv_shape = (q.shape[0], k.shape[1], k.shape[2], q.shape[3])
-    return q.new_empty(q.shape), q.new_empty(kv_shape), q.new_empty(kv_shape)
+    v_shape = (*kv_shape[:3], v.shape[3])  # v's head dim may differ from q's
+    return q.new_empty(q.shape), q.new_empty(kv_shape), q.new_empty(v_shape)
 
 
 def backward_state(dropout: Dropout, given: Optional[Tensor], drawn: Tensor) -> Optional[Tensor]:

@@ -76,7 +76,8 @@ def forward(
             dropout_rng_state=dropout_rng_state,
         )
         code = choose_backend(backend, int(ext.device_capability(problem.device_id)),
-                              headdim=problem.headdim, dtype=problem.dtype)
+                              headdim=problem.headdim, dtype=problem.dtype,
+                              headdim_v=problem.dv)
         nbytes = 0 if problem.empty_output else forward_workspace_bytes(ext, problem, causal, code)
         plan = _Plan(problem, code, nbytes)
         _keep(key, plan)
@@ -123,7 +124,7 @@ def backward(
         )
         code = choose_backward_backend(
             backend, int(ext.device_capability(problem.device_id)), headdim=problem.headdim,
-            dtype=problem.dtype, deterministic=deterministic,
+            dtype=problem.dtype, deterministic=deterministic, headdim_v=problem.dv,
         )
         plan = _Plan(problem, code, backward_workspace_bytes(ext, problem, causal, deterministic, code))
         _keep(key, plan)
@@ -172,7 +173,8 @@ def _fake_problem(
         alibi_slopes=alibi_slopes, dropout_p=dropout.p, dropout_rng_state=dropout_rng_state,
     )
     _torch_ops._fake_device_checks(q, infos, lambda capability: choose_backend(
-        backend, capability, headdim=problem.headdim, dtype=problem.dtype))
+        backend, capability, headdim=problem.headdim, dtype=problem.dtype,
+        headdim_v=problem.dv))
     return problem
 
 
@@ -301,8 +303,8 @@ def _(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     )
     _torch_ops._fake_device_checks(q, infos, lambda capability: choose_backward_backend(
         backend, capability, headdim=problem.headdim, dtype=problem.dtype,
-        deterministic=deterministic))
-    return q.new_empty(q.shape), q.new_empty(k.shape), q.new_empty(k.shape)
+        deterministic=deterministic, headdim_v=problem.dv))
+    return q.new_empty(q.shape), q.new_empty(k.shape), q.new_empty(v.shape)
 
 
 def _setup_context(

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 from ._build_info import BACKEND_NAMES, backend_support, load_extension
+from ._dispatch import kernel_head_dim_pair, pairs_text
 from ._dropout import check_dropout_p, check_rng_state_info
 from ._frameworks import framework_of, is_dlpack
 
@@ -72,14 +73,29 @@ class ForwardProblem:
     softcap: float = 0.0  # 0: off
     alibi: bool = False  # ALiBi slopes given (checked against batch and nheads)
     dropout_p: float = 0.0  # 0: off
+    headdim_v: int = 0  # v's (and out's) head dim; 0: headdim
 
     @property
-    def out_shape(self) -> tuple[int, int, int, int]:
+    def dv(self) -> int:
+        """v's, out's and dout's head dim."""
+        return self.headdim_v or self.headdim
+
+    @property
+    def q_shape(self) -> tuple[int, int, int, int]:
         return (self.batch, self.seqlen_q, self.nheads, self.headdim)
 
     @property
+    def out_shape(self) -> tuple[int, int, int, int]:
+        return (self.batch, self.seqlen_q, self.nheads, self.dv)
+
+    @property
     def kv_shape(self) -> tuple[int, int, int, int]:
+        """k's shape (and dk's)."""
         return (self.batch, self.seqlen_k, self.nheads_kv, self.headdim)
+
+    @property
+    def v_shape(self) -> tuple[int, int, int, int]:
+        return (self.batch, self.seqlen_k, self.nheads_kv, self.dv)
 
     @property
     def lse_shape(self) -> tuple[int, int, int]:
@@ -289,21 +305,30 @@ def _check_dtypes(q: _Info, others: Sequence[_Info]) -> None:
 
 
 def _check_kv(q: _Info, k: _Info, v: _Info) -> None:
-    """k's head dim (last axis) against q's, v's shape against k's, and q's heads (second to
-    last axis) a multiple of k's: the shape checks fixed-length and packed calls share."""
+    """k's head dim (last axis) against q's, v's shape against k's but for the head dim (which
+    ``_check_headdim_v`` checks), and q's heads (second to last axis) a multiple of k's: the
+    shape checks fixed-length and packed calls share."""
     if k.shape[-1] != q.shape[-1]:
         raise ValueError(
             f"k: head dim {k.shape[-1]} does not match q's {q.shape[-1]} "
             f"(q shape {_fmt(q.shape)}, k shape {_fmt(k.shape)})"
         )
-    if v.shape != k.shape:
-        raise ValueError(f"v: shape {_fmt(v.shape)} does not match k's shape {_fmt(k.shape)}")
+    if v.shape[:-1] != k.shape[:-1]:
+        raise ValueError(
+            f"v: shape {_fmt(v.shape)} does not match k's shape {_fmt(k.shape)} "
+            f"(only the head dim may differ)"
+        )
     nheads, nheads_kv = q.shape[-2], k.shape[-2]
     if (nheads_kv == 0 and nheads != 0) or (nheads_kv != 0 and nheads % nheads_kv != 0):
         raise ValueError(
             f"q, k: q's {nheads} heads are not a multiple of k/v's {nheads_kv} heads "
             f"(grouped-query attention needs nheads % nheads_kv == 0)"
         )
+
+
+def out_shape_of(q: _Info, v: _Info) -> tuple[int, ...]:
+    """out's shape: q's, with v's head dim."""
+    return (*q.shape[:-1], v.shape[-1])
 
 
 def _check_shapes(q: _Info, k: _Info, v: _Info, out: Optional[_Info]) -> None:
@@ -313,10 +338,10 @@ def _check_shapes(q: _Info, k: _Info, v: _Info, out: Optional[_Info]) -> None:
             f"(q shape {_fmt(q.shape)}, k shape {_fmt(k.shape)})"
         )
     _check_kv(q, k, v)
-    if out is not None and out.shape != q.shape:
+    if out is not None and out.shape != out_shape_of(q, v):
         raise ValueError(
-            f"out: expected shape {_fmt(q.shape)} (batch, seqlen_q, nheads, headdim), "
-            f"got {_fmt(out.shape)}"
+            f"out: expected shape {_fmt(out_shape_of(q, v))} (batch, seqlen_q, nheads, "
+            f"v's headdim), got {_fmt(out.shape)}"
         )
 
 
@@ -340,6 +365,26 @@ def _check_headdim(headdim: int) -> None:
             f"q: head dim {headdim} is not supported; supported head dims are the multiples "
             f"of 8 from 8 to 256, each run by the smallest compiled head dim at least as "
             f"large{_compiled_head_dims()}"
+        )
+
+
+def _check_headdim_v(headdim: int, headdim_v: int, backward: bool = False) -> None:
+    """v's head dim: q's, or one that a compiled Hopper-path kernel runs (forward: a head dim
+    pair at least as large in both; backward: a kernel at least as large as both). Which
+    backend runs the call is the dispatch's question."""
+    if headdim_v == headdim:
+        return
+    pass_name = "backward" if backward else "forward"
+    if headdim_v not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(
+            f"v: head dim {headdim_v} is not supported; supported head dims are the multiples "
+            f"of 8 from 8 to 256"
+        )
+    if kernel_head_dim_pair("hopper", headdim, headdim_v, backward) is None:
+        raise ValueError(
+            f"v: head dim {headdim_v} differs from q's and k's {headdim}, and this build has no "
+            f"{pass_name} kernel for such a call (Hopper path, compiled: {pairs_text(backward)}); "
+            f"other calls need v's head dim equal to q's"
         )
 
 
@@ -397,8 +442,9 @@ def validate_forward(
 
     Args:
         q: (batch, seqlen_q, nheads, headdim) DLPack tensor, float16 or bfloat16.
-        k, v: (batch, seqlen_k, nheads_kv, headdim), q's dtype; nheads % nheads_kv == 0.
-        out: optional (batch, seqlen_q, nheads, headdim) tensor of q's dtype to write into.
+        k, v: (batch, seqlen_k, nheads_kv, headdim), q's dtype; nheads % nheads_kv == 0. v's
+            head dim (headdim_v) may differ where a head dim pair kernel runs it (Hopper path).
+        out: optional (batch, seqlen_q, nheads, headdim_v) tensor of q's dtype to write into.
         causal: bool.
         softmax_scale: finite positive float, or None for 1/sqrt(headdim).
         backend: None, "ampere" or "hopper" (only the name is checked here).
@@ -472,11 +518,12 @@ def rng_state_infos(
 def forward_problem(
     q: Any, k: Any, v: Any, out: Any = None, *, causal: Any, softmax_scale: Any, backend: Any,
     window: Any = (-1, -1), softcap: Any = 0.0, alibi_slopes: Any = None, dropout_p: Any = 0.0,
-    dropout_rng_state: Any = None,
+    dropout_rng_state: Any = None, backward: bool = False,
 ) -> tuple[ForwardProblem, list[_Info]]:
     """``validate_forward`` without its last check (devices): the problem and the tensors'
     infos, q's first (the slopes' and the dropout rng state's last), for callers that add
-    tensors of their own before checking devices."""
+    tensors of their own before checking devices. ``backward``: a v head dim of its own
+    needs a backward kernel."""
     check_scalars(causal, softmax_scale, backend, window, softcap)
     dropout = check_dropout_p(dropout_p)
     tensors = {"q": q, "k": k, "v": v}
@@ -491,6 +538,7 @@ def forward_problem(
     _check_shapes(qi, ki, vi, oi)
     batch, seqlen_q, nheads, headdim = qi.shape
     _check_headdim(headdim)
+    _check_headdim_v(headdim, vi.shape[-1], backward)
     for info in infos.values():
         _check_strides(info)
     scale, cap, window_left, window_right = _resolve_scalars(headdim, softmax_scale, softcap, window)
@@ -510,5 +558,6 @@ def forward_problem(
         softcap=cap,
         alibi=alibi_slopes is not None,
         dropout_p=dropout,
+        headdim_v=vi.shape[-1],
     )
     return problem, [qi, *others, *slopes]

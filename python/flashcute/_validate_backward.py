@@ -31,10 +31,16 @@ def check_backward_flags(deterministic: Any, backend: Any) -> None:
 
 class _GradientShapes(Protocol):
     @property
+    def q_shape(self) -> tuple[int, ...]: ...
+
+    @property
     def out_shape(self) -> tuple[int, ...]: ...
 
     @property
     def kv_shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def v_shape(self) -> tuple[int, ...]: ...
 
     @property
     def dtype(self) -> str: ...
@@ -50,9 +56,11 @@ def gradient_infos(dout: Any, dq: Any, dk: Any, dv: Any) -> list[_Info]:
 
 
 def check_gradient(info: _Info, problem: _GradientShapes) -> None:
-    """dout or a gradient buffer against the problem: dk and dv of k's shape, dout and dq of
-    q's, all in q's dtype."""
-    expected = problem.kv_shape if info.name in ("dk", "dv") else problem.out_shape
+    """dout or a gradient buffer against the problem: dq of q's shape, dk of k's, dv of v's and
+    dout of out's, all in q's dtype."""
+    expected = {
+        "dq": problem.q_shape, "dk": problem.kv_shape, "dv": problem.v_shape
+    }.get(info.name, problem.out_shape)
     if info.shape != expected:
         raise ValueError(f"{info.name}: expected shape {_fmt(expected)}, got {_fmt(info.shape)}")
     if info.dtype != problem.dtype:
@@ -90,7 +98,7 @@ def backward_problem(
     problem, forward_infos = forward_problem(
         q, k, v, out, causal=causal, softmax_scale=softmax_scale, backend=backend,
         window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
-        dropout_rng_state=dropout_rng_state,
+        dropout_rng_state=dropout_rng_state, backward=True,
     )
     infos = gradient_infos(dout, dq, dk, dv)
     for info in infos:
@@ -131,8 +139,8 @@ def validate_backward(
 ) -> ForwardProblem:
     """Check the arguments of an attention backward call and describe the problem.
 
-    q, k, v, out follow the forward's rules (see ``validate_forward``); dout and dq have q's
-    shape, dk and dv k's shape, all in q's dtype on q's device with unit headdim stride; lse
+    q, k, v, out follow the forward's rules (see ``validate_forward``); dq has q's shape, dout
+    out's, dk k's and dv v's, all in q's dtype on q's device with unit headdim stride; lse
     is the forward's float32 (batch, nheads, seqlen_q) log-sum-exp with unit last stride;
     alibi_slopes, dropout_p and dropout_rng_state follow the forward's rules.
 

@@ -20,6 +20,7 @@ from ._validate import (
     _check_devices,
     _check_dtypes,
     _check_headdim,
+    _check_headdim_v,
     _check_kv,
     _check_strides,
     _fmt,
@@ -27,6 +28,7 @@ from ._validate import (
     _inspect,
     _resolve_scalars,
     check_scalars,
+    out_shape_of,
     rng_state_infos,
     type_name,
 )
@@ -59,14 +61,29 @@ class VarlenProblem:
     seqused_k: bool = False
     alibi: bool = False  # ALiBi slopes given (checked against batch and nheads)
     dropout_p: float = 0.0  # 0: off
+    headdim_v: int = 0  # v's (and out's) head dim; 0: headdim
 
     @property
-    def out_shape(self) -> tuple[int, int, int]:
+    def dv(self) -> int:
+        """v's, out's and dout's head dim."""
+        return self.headdim_v or self.headdim
+
+    @property
+    def q_shape(self) -> tuple[int, int, int]:
         return (self.total_q, self.nheads, self.headdim)
 
     @property
+    def out_shape(self) -> tuple[int, int, int]:
+        return (self.total_q, self.nheads, self.dv)
+
+    @property
     def kv_shape(self) -> tuple[int, int, int]:
+        """k's shape (and dk's)."""
         return (self.total_k, self.nheads_kv, self.headdim)
+
+    @property
+    def v_shape(self) -> tuple[int, int, int]:
+        return (self.total_k, self.nheads_kv, self.dv)
 
     @property
     def lse_shape(self) -> tuple[int, int]:
@@ -142,9 +159,10 @@ def _check_offsets(cu_q: _Info, cu_k: _Info, seqused_k: Optional[_Info]) -> int:
 
 def _check_shapes(q: _Info, k: _Info, v: _Info, out: Optional[_Info]) -> None:
     _check_kv(q, k, v)
-    if out is not None and out.shape != q.shape:
+    if out is not None and out.shape != out_shape_of(q, v):
         raise ValueError(
-            f"out: expected shape {_fmt(q.shape)} (total_q, nheads, headdim), got {_fmt(out.shape)}"
+            f"out: expected shape {_fmt(out_shape_of(q, v))} (total_q, nheads, v's headdim), "
+            f"got {_fmt(out.shape)}"
         )
 
 
@@ -153,9 +171,11 @@ def varlen_problem(
     max_seqlen_k: Any, out: Any = None, *, seqused_k: Any = None, causal: Any = False,
     softmax_scale: Any = None, backend: Any = None, window: Any = (-1, -1), softcap: Any = 0.0,
     alibi_slopes: Any = None, dropout_p: Any = 0.0, dropout_rng_state: Any = None,
+    backward: bool = False,
 ) -> tuple[VarlenProblem, list[_Info]]:
     """``validate_varlen`` without its last check (devices): the problem and the tensors'
-    infos, q's first, for callers that add tensors before checking devices."""
+    infos, q's first, for callers that add tensors before checking devices. ``backward``: a v
+    head dim of its own needs a backward kernel."""
     max_q, max_k = check_varlen_scalars(
         max_seqlen_q, max_seqlen_k, causal, softmax_scale, backend, window, softcap
     )
@@ -172,6 +192,7 @@ def varlen_problem(
     _check_shapes(qi, ki, vi, oi)
     total_q, nheads, headdim = qi.shape
     _check_headdim(headdim)
+    _check_headdim_v(headdim, vi.shape[-1], backward)
     vectors = [_inspect("cu_seqlens_q", cu_seqlens_q), _inspect("cu_seqlens_k", cu_seqlens_k)]
     if seqused_k is not None:
         vectors.append(_inspect("seqused_k", seqused_k))
@@ -187,6 +208,7 @@ def varlen_problem(
         device_id=qi.device_id, scale=scale, window_left=window_left, window_right=window_right,
         softcap=cap, seqused_k=seqused_k is not None, alibi=alibi_slopes is not None,
         dropout_p=dropout,
+        headdim_v=vi.shape[-1],
     )
     return problem, [qi, *others, *vectors]
 
@@ -201,10 +223,11 @@ def validate_varlen(
 
     Args:
         q: (total_q, nheads, headdim) DLPack tensor, float16 or bfloat16.
-        k, v: (total_k, nheads_kv, headdim), q's dtype; nheads % nheads_kv == 0.
+        k, v: (total_k, nheads_kv, headdim), q's dtype; nheads % nheads_kv == 0; v's head
+            dim may differ as in ``validate_forward``.
         cu_seqlens_q, cu_seqlens_k: 1-d contiguous int32 tensors of batch + 1 >= 2 offsets.
         max_seqlen_q, max_seqlen_k: ints >= 0, the longest sequences' lengths.
-        out: optional (total_q, nheads, headdim) tensor of q's dtype.
+        out: optional (total_q, nheads, headdim_v) tensor of q's dtype.
         seqused_k: optional 1-d contiguous int32 tensor (batch,).
         causal, softmax_scale, backend, window, softcap: as in ``validate_forward``.
         alibi_slopes: None, or a float32 (nheads,) or (batch, nheads) DLPack tensor with unit
@@ -243,7 +266,7 @@ def varlen_backward_problem(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out,
         seqused_k=seqused_k, causal=causal, softmax_scale=softmax_scale, backend=backend,
         window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
-        dropout_rng_state=dropout_rng_state,
+        dropout_rng_state=dropout_rng_state, backward=True,
     )
     infos = gradient_infos(dout, dq, dk, dv)
     for info in infos:
@@ -268,9 +291,9 @@ def validate_varlen_backward(
     alibi_slopes: Any = None, dropout_p: Any = 0.0, dropout_rng_state: Any = None,
 ) -> VarlenProblem:
     """Check the arguments of a variable-length backward call: q, k, v, out, the offsets and
-    seqused_k as in ``validate_varlen``; dout and dq packed like q, dk and dv like k, all in
-    q's dtype; lse the forward's float32 (nheads, total_q) with unit last stride; the forward's
-    alibi_slopes, dropout_p and dropout_rng_state; one device.
+    seqused_k as in ``validate_varlen``; dq packed like q, dout like out, dk like k, dv like v,
+    all in q's dtype; lse the forward's float32 (nheads, total_q) with unit last stride; the
+    forward's alibi_slopes, dropout_p and dropout_rng_state; one device.
 
     Raises:
         TypeError, ValueError: as ``validate_varlen``, for these tensors too; ValueError for

@@ -287,7 +287,9 @@ def attention_dlpack(
     alloc, like = _allocator(q, out, return_lse)
 
     capability = int(ext.device_capability(problem.device_id))
-    backend_code = choose_backend(backend, capability, headdim=problem.headdim, dtype=problem.dtype)
+    backend_code = choose_backend(
+        backend, capability, headdim=problem.headdim, dtype=problem.dtype, headdim_v=problem.dv
+    )
     result, lse = _outputs(problem, alloc, like, out, return_lse)
     if not problem.empty_output:
         result_x = out_x if out is not None else result
@@ -296,13 +298,19 @@ def attention_dlpack(
     return (result, lse) if return_lse else result
 
 
+def headdim_v_arg(problem: Union[ForwardProblem, VarlenProblem]) -> dict[str, int]:
+    """The workspace query's ``headdim_v`` keyword, given only where v's head dim differs from
+    q's (the split's state follows the kernel's v head dim)."""
+    return {"headdim_v": problem.dv} if problem.dv != problem.headdim else {}
+
+
 def forward_workspace_bytes(ext: Any, problem: ForwardProblem, causal: bool, backend_code: int) -> int:
     """Bytes of the optional forward workspace of a validated problem (0: none); it depends
     on the mask (causal and window) and on whether ALiBi is on."""
     return int(ext.forward_workspace_size(
         problem.batch, problem.seqlen_q, problem.seqlen_k, problem.nheads, problem.nheads_kv,
         problem.headdim, problem.dtype, causal, backend_code, problem.device_id,
-        problem.window_left, problem.window_right, problem.alibi,
+        problem.window_left, problem.window_right, problem.alibi, **headdim_v_arg(problem),
     ))
 
 

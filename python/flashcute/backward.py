@@ -150,7 +150,7 @@ def attention_backward_dlpack(
     capability = int(ext.device_capability(problem.device_id))
     backend_code = choose_backward_backend(
         backend, capability, headdim=problem.headdim, dtype=problem.dtype,
-        deterministic=deterministic,
+        deterministic=deterministic, headdim_v=problem.dv,
     )
     grads = _gradients(alloc, q, problem, dq, dk, dv)
     nbytes = int(ext.backward_workspace_size(
@@ -183,7 +183,7 @@ def _gradients(
     """[dq, dk, dv]: the given buffers, or new arrays of q's framework."""
     return [
         given if given is not None else alloc.empty(q, shape, problem.dtype)
-        for given, shape in ((dq, problem.out_shape), (dk, problem.kv_shape), (dv, problem.kv_shape))
+        for given, shape in ((dq, problem.q_shape), (dk, problem.kv_shape), (dv, problem.v_shape))
     ]
 
 

@@ -33,7 +33,7 @@ def _check(
             )
     if dtype not in _DTYPES:
         raise TypeError(f"dtype: expected one of {_DTYPES}, got {dtype}")
-    if k.shape != v.shape:
+    if k.shape[:-1] != v.shape[:-1]:  # v's head dim may differ from q's and k's
         raise ValueError(f"v: shape {tuple(v.shape)} does not match k's {tuple(k.shape)}")
     if k.shape[-1] != q.shape[-1] or (not varlen and k.shape[0] != q.shape[0]):
         what = "headdim" if varlen else "batch or headdim"
@@ -108,7 +108,8 @@ def attention(
 
     Same semantics as ``flashcute.attention``: q is (batch, seqlen_q, nheads, headdim),
     k and v are (batch, seqlen_k, nheads_kv, headdim) with nheads % nheads_kv == 0 (query
-    head ``h`` uses kv head ``h // (nheads // nheads_kv)``). Masks are bottom-right aligned:
+    head ``h`` uses kv head ``h // (nheads // nheads_kv)``); v's head dim may differ from
+    q's and k's, and the output takes it. Masks are bottom-right aligned:
     with ``d = i + seqlen_k - seqlen_q``, query ``i`` sees key ``j`` iff
     ``d - left <= j <= d + right`` for ``window=(left, right)`` (-1 leaves that side
     unbounded), and ``causal`` sets ``right = 0``. A query with no key to attend to gives
@@ -138,7 +139,7 @@ def attention(
             and the softmax in float32, as PyTorch's math attention roughly does.
 
     Returns:
-        The output, (batch, seqlen_q, nheads, headdim) in ``dtype``, or ``(out, lse)``
+        The output, (batch, seqlen_q, nheads, v's headdim) in ``dtype``, or ``(out, lse)``
         when ``return_lse``; lse is in ``dtype``, or float32 for float16/bfloat16.
     """
     _check(q, k, v, dtype)
@@ -221,8 +222,8 @@ def attention_varlen(
 ) -> Result:
     """:func:`attention` over a batch of packed sequences of different lengths.
 
-    q is (total_q, nheads, headdim), k and v (total_k, nheads_kv, headdim). Sequence ``b``
-    is query rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` against keys
+    q is (total_q, nheads, headdim), k and v (total_k, nheads_kv, headdim; v's may differ).
+    Sequence ``b`` is query rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` against keys
     ``cu_seqlens_k[b]:cu_seqlens_k[b+1]``, computed as one :func:`attention` call with the
     same keywords (masks aligned bottom-right within the sequence). With ``seqused_k``, it
     uses only the first ``seqused_k[b]`` of those keys, and the masks align to that length.
@@ -242,7 +243,7 @@ def attention_varlen(
             lengths, ``len_k`` its ``seqused_k`` where given), as the kernels do.
 
     Returns:
-        The output, (total_q, nheads, headdim) in ``dtype``, or ``(out, lse)`` when
+        The output, (total_q, nheads, v's headdim) in ``dtype``, or ``(out, lse)`` when
         ``return_lse``, lse (nheads, total_q) in ``dtype``, or float32 for float16/bfloat16.
     """
     _check(q, k, v, dtype, varlen=True)
@@ -282,7 +283,7 @@ def attention_varlen(
 
     total_q, nheads, headdim = q.shape
     lse_dtype = torch.float32 if dtype in _LOW_PRECISION else dtype
-    out = torch.zeros(total_q, nheads, headdim, dtype=dtype, device=q.device)
+    out = torch.zeros(total_q, nheads, v.shape[-1], dtype=dtype, device=q.device)
     lse = torch.full((nheads, total_q), float("-inf"), dtype=lse_dtype, device=q.device)
     for b in range(batch):
         rows = slice(starts_q[b], starts_q[b + 1])

@@ -27,6 +27,7 @@ from .attention import (
     _torch_route,
     _torch_tensors,
     check_torch_slopes,
+    headdim_v_arg,
 )
 from .backward import _gradient_allocator, _gradients
 from .backward import _launch as _launch_backward
@@ -49,7 +50,7 @@ def forward_workspace_bytes(ext: Any, problem: VarlenProblem, causal: bool, back
         problem.batch, problem.max_seqlen_q, problem.max_seqlen_k, problem.nheads,
         problem.nheads_kv, problem.headdim, problem.dtype, causal, backend_code,
         problem.device_id, problem.window_left, problem.window_right, problem.alibi,
-        problem.total_q, problem.total_k, problem.seqused_k,
+        problem.total_q, problem.total_k, problem.seqused_k, **headdim_v_arg(problem),
     ))
 
 
@@ -228,7 +229,9 @@ def attention_varlen_dlpack(
     _check_outs(out)
     alloc, like = _allocator(q, out, return_lse)
     capability = int(ext.device_capability(problem.device_id))
-    code = choose_backend(backend, capability, headdim=problem.headdim, dtype=problem.dtype)
+    code = choose_backend(
+        backend, capability, headdim=problem.headdim, dtype=problem.dtype, headdim_v=problem.dv
+    )
     result, lse = _outputs(problem, alloc, like, out, return_lse)
     if not problem.empty_output:
         tensors = (q_x, k_x, v_x, out_x if out is not None else result, lse, slopes_x, cu_q_x,
@@ -354,7 +357,7 @@ def attention_varlen_backward_dlpack(
     capability = int(ext.device_capability(problem.device_id))
     code = choose_backward_backend(
         backend, capability, headdim=problem.headdim, dtype=problem.dtype,
-        deterministic=deterministic,
+        deterministic=deterministic, headdim_v=problem.dv,
     )
     grads = _gradients(alloc, q, problem, dq, dk, dv)
     nbytes = backward_workspace_bytes(ext, problem, causal, deterministic, code)

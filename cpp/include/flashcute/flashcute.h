@@ -59,6 +59,11 @@ struct AttentionForwardParams {
   // A multiple of 8: the call runs the smallest compiled kernel of at least this head dim,
   // which reads and writes only these columns (build_info() lists the compiled head dims).
   int64_t headdim = 0;
+  // V's and out's head dim, a multiple of 8; 0 (default): headdim. A value other than headdim
+  // runs on the Hopper path only: the forward on a head dim pair kernel at least as large in
+  // both (build_info().hopper_dv_pairs), the backward on a backward kernel at least as large
+  // as both head dims; elsewhere kNotSupported.
+  int64_t headdim_v = 0;
 
   int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
   int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
@@ -127,7 +132,7 @@ FLASHCUTE_API Status attention_forward(const AttentionForwardParams& params, Bac
 // The caller provides a device workspace of attention_backward_workspace_size() bytes, 16-byte
 // aligned; it needs no initialization and may be reused once the call's work has finished.
 struct AttentionBackwardParams {
-  const void* dout = nullptr;  // (batch, seqlen_q, nheads, headdim)
+  const void* dout = nullptr;  // (batch, seqlen_q, nheads, headdim_v), like out
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
@@ -135,7 +140,7 @@ struct AttentionBackwardParams {
   const float* lse = nullptr;   // the forward's lse: (batch, nheads, seqlen_q) float32
   void* dq = nullptr;           // like q
   void* dk = nullptr;           // like k
-  void* dv = nullptr;           // like v
+  void* dv = nullptr;           // like v (headdim_v columns)
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 
@@ -145,6 +150,7 @@ struct AttentionBackwardParams {
   int64_t nheads = 0;
   int64_t nheads_kv = 0;
   int64_t headdim = 0;  // as in AttentionForwardParams (the backward's own compiled head dims)
+  int64_t headdim_v = 0;  // v's, out's, dout's and dv's; 0: headdim (as in AttentionForwardParams)
 
   int64_t dout_batch_stride = 0, dout_row_stride = 0, dout_head_stride = 0;
   int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
@@ -215,6 +221,7 @@ struct BuildInfo {
   const char* hopper_dtypes;
   int cuda_runtime_version;       // CUDART_VERSION the library was built against
   const char* hopper_backward_head_dims;  // Hopper-path backward; other head dims use the Ampere one
+  const char* hopper_dv_pairs;  // Hopper-path (head dim, V head dim) pairs, e.g. "192,128", ';'-separated
 };
 FLASHCUTE_API BuildInfo build_info();
 
