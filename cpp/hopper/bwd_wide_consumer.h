@@ -183,7 +183,7 @@ CUTE_DEVICE void consume_bwd_wide(BwdParams<Traits> const& params, typename Trai
         for (int r = 0; r < kScoreRows; ++r) {
           CUTE_UNROLL
           for (int c = 0; c < size<1>(p_rc); ++c) {
-            if (!keep.kept(r, c)) p_rc(r, c) = Element(0.f);
+            if (!keep.kept(r, c)) p_rc(r, c) = ElementP(0.f);
           }
         }
       }
