@@ -6,6 +6,8 @@
 //
 // The structure follows the forward kernel: warps split the query rows, K/V stream through a
 // two-stage cp.async pipeline, and dS stays in registers as the A operand of dQ += dS·K.
+// With dropout (the kHooks variant) dS = P∘(Z·dP / (1 - p) - rowsum(dO∘O)), the keep mask Z
+// regenerated from the forward's Philox counters (dropout.h).
 // Variable-length batches (seq_view.h) as in the forward: a CTA whose rows start past its
 // sequence's end exits, and offsets, lengths and mask come from the sequence's view.
 #pragma once
@@ -13,6 +15,7 @@
 #include <cute/tensor.hpp>
 #include <cute/arch/copy_sm80.hpp>
 
+#include "ampere/dropout_fragments.h"
 #include "ampere/fwd_traits.h"
 #include "ampere/smem_gemm.h"
 #include "ampere/tile_arch.h"
@@ -62,7 +65,7 @@ struct BwdDqTraitsFor {
   using type = BwdDqTraits<Element, kHeadDim, Tile::kM, Tile::kN, Tile::kWarps>;
 };
 
-template <class Traits, bool kAlibi>
+template <class Traits, bool kHooks>
 CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
   using namespace cute;
   using Element = typename Traits::Element;
@@ -221,17 +224,26 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
     Tensor sV = make_tensor(make_smem_ptr(smem_k(stage) + Traits::kKVElems), typename Traits::SmemLayoutKV{});
     Tensor sKt = make_tensor(make_smem_ptr(smem_k(stage)), typename Traits::SmemLayoutVt{});
 
+    const int col_base = n_block * kBlockN + thread_col;
+    // Dropout's keep bits (kHooks), drawn before S takes its registers (dropout_fragments.h);
+    // warps split the rows only, so each thread holds whole groups of dropout.h's bits.
+    KeepMaskFor<decltype(score_offsets_rc)> keep;
+    if constexpr (kHooks) {
+      if (params.dropout_threshold != 0)  // uniform
+        keep.template draw<true>(Dropout::of(params), score_offsets_rc, thread_row, col_base,
+                                 batch * params.nheads + head);
+    }
+
     Tensor acc_s = partition_fragment_C(tiled_mma, TileS{});
     clear(acc_s);
     gemm_from_smem<false, Traits::kLookaheadK>(acc_s, tSrQ, tSrK, tSsQ, thr_copy_a.retile_D(tSrQ),
                                                thr_copy_b.partition_S(sK), thr_copy_b.retile_D(tSrK),
                                                tiled_mma, copy_a, copy_b);
     Tensor acc_s_rc = rowcol_view(acc_s);
-    const int col_base = n_block * kBlockN + thread_col;
     if (ScoreHook::of(params).softcap()) ScoreHook::of(params).apply_softcap(acc_s);  // uniform
     if (range.needs_mask(n_block))  // warp-uniform
       seq.mask(params).apply(acc_s_rc, score_offsets_rc, thread_row, col_base);
-    if constexpr (kAlibi) {
+    if constexpr (kHooks) {
       // ALiBi's bias after the mask (a masked -inf stays -inf), in log2 units inside exp2's FMA.
       const float slope_log2 = ScoreHook::of(params).alibi_slope(batch, head) * scale_log2;
       const float base = float(thread_row + seq.mask(params).offset() - col_base);
@@ -258,22 +270,34 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
                                                thr_copy_b.partition_S(sV), thr_copy_b.retile_D(tSrK),
                                                tiled_mma, copy_a, copy_b);
     Tensor acc_dp_rc = rowcol_view(acc_dp);
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
+    if constexpr (kHooks) {
+      // Dropout: dS = P∘(Z·dP / (1 - p) - rowsum(dO∘O)), with Z as the forward drew it. Without
+      // dropout the rescale is 1.
+      if (params.dropout_threshold != 0) keep.apply(acc_dp_rc);  // uniform
       CUTE_UNROLL
-      for (int c = 0; c < size<1>(acc_dp_rc); ++c)
-        acc_dp_rc(r, c) = acc_s_rc(r, c) * (acc_dp_rc(r, c) - row_dot[r]);
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(acc_dp_rc); ++c)
+          acc_dp_rc(r, c) = acc_s_rc(r, c) * fmaf(acc_dp_rc(r, c), params.dropout_rescale, -row_dot[r]);
+      }
+    } else {
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(acc_dp_rc); ++c)
+          acc_dp_rc(r, c) = acc_s_rc(r, c) * (acc_dp_rc(r, c) - row_dot[r]);
+      }
     }
     if (ScoreHook::of(params).softcap()) {  // uniform; ALiBi's bias alone leaves dS as it is
       const ScoreHook hook = ScoreHook::of(params);
-      const float slope = kAlibi ? hook.alibi_slope(batch, head) : 0.f;
+      const float slope = kHooks ? hook.alibi_slope(batch, head) : 0.f;
       const float base = float(thread_row + seq.mask(params).offset() - col_base);
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
         CUTE_UNROLL
         for (int c = 0; c < size<1>(acc_dp_rc); ++c) {
           const float p = acc_s_rc(r, c), inv_scale_log2 = 1.f / params.scale_log2;
-          if constexpr (kAlibi)
+          if constexpr (kHooks)
             acc_dp_rc(r, c) *= hook.grad_factor(p, lse_log2[r], inv_scale_log2,
                                                 ScoreHook::alibi_bias(slope, base, score_offsets_rc, r, c));
           else
@@ -326,15 +350,17 @@ CUTE_DEVICE void bwd_dq_block(const BwdKernelParams& params) {
   }
 }
 
-// kAlibi: ALiBi compiled in (softcap is a runtime branch either way). Its code as a runtime
-// branch raised hd 64's count from 167 to 203 registers, three CTAs per SM to two; its bias
-// rides in exp2's FMA rather than in a pass of its own, which spilled at hd 256.
-template <class Element, int kHeadDim, bool kAlibi = false>
+// kHooks: ALiBi and dropout compiled in (softcap is a runtime branch either way); run_bwd
+// takes this variant where either is on. ALiBi's code as a runtime branch raised hd 64's count
+// from 167 to 203 registers, three CTAs per SM to two; its bias rides in exp2's FMA rather than
+// in a pass of its own, which spilled at hd 256. Without slopes the bias is 0, and dropout is a
+// uniform branch here.
+template <class Element, int kHeadDim, bool kHooks = false>
 __global__ void __launch_bounds__(
     BwdDqTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type::kNThreads, 1)
     bwd_dq_kernel(__grid_constant__ const BwdKernelParams params) {
 #if defined(__CUDA_ARCH__)
-  bwd_dq_block<typename BwdDqTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type, kAlibi>(params);
+  bwd_dq_block<typename BwdDqTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type, kHooks>(params);
 #endif
 }
 

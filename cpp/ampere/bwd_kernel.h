@@ -16,7 +16,9 @@
 // Query blocks on the mask's edges (causal diagonal, window sides, seqlen_k tail; mask.h) apply
 // the mask; the rest skip it with one warp-uniform branch. Without kGeneral, the mask has no left
 // side (dense, causal, a window's right side); with it, also the left side, and the score hook
-// (softcap, ALiBi) runs on S (score_hook.h) with softcap's chain factor on dS. (The loop body is
+// (softcap, ALiBi) runs on S (score_hook.h) with softcap's chain factor on dS, and dropout
+// (dropout.h) with its keep mask Z: dV += (P∘Z)ᵀ·dO, scaled by 1 / (1 - p) at the end, and
+// dS = P∘(Z·dP / (1 - p) - rowsum(dO∘O)). (The loop body is
 // written out, not a lambda: a lambda too large to inline would put the by-reference
 // accumulators in local memory.)
 // Variable-length batches (seq_view.h) take the kGeneral variant (run_bwd): offsets, lengths and
@@ -29,6 +31,7 @@
 #include <cute/arch/copy_sm80.hpp>
 
 #include "ampere/bwd_config.h"
+#include "ampere/dropout_fragments.h"
 #include "ampere/smem_gemm.h"
 #include "dq_reduce.h"
 #include "fragment_views.h"
@@ -50,6 +53,15 @@ namespace flashcute::ampere {
 CUTE_DEVICE SeqView* shared_seq_view() {
   __shared__ SeqView view;
   return &view;
+}
+
+// The general variant's dropout keep bits (dropout_fragments.h) between their draw, before the
+// S GEMM, and their use on P and dP: word w of thread t. Held in registers across the GEMMs,
+// they spilled at the register cap (hd 128, sm90 code).
+template <int kWords, int kThreads>
+CUTE_DEVICE uint32_t& shared_keep_word(int w, int t) {
+  __shared__ uint32_t words[kWords * kThreads];
+  return words[w * kThreads + t];
 }
 
 template <class Traits, bool kAddDq, bool kGeneral>
@@ -272,6 +284,21 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
       constexpr bool kRowDotAfterS = !kAddDq && kBlockM * kBlockN / Traits::kNThreads > 32;
       if constexpr (!kRowDotAfterS) read_row_dot();
 
+      // General variant: dropout's keep bits, drawn before S takes its registers and kept in
+      // shared memory until P and dP use them (dropout_fragments.h). This MMA's warps along N
+      // leave a thread half of each group.
+      using KeepS = KeepMaskFor<decltype(score_offsets_rc)>;
+      if constexpr (kGeneral) {
+        if (params.dropout_threshold != 0) {  // uniform
+          KeepS keep;
+          keep.template draw<false>(Dropout::of(params), score_offsets_rc, m * kBlockM + get<0>(tScS(0)),
+                                    n0 + get<1>(tScS(0)), batch * params.nheads + h);
+          CUTE_UNROLL
+          for (int w = 0; w < KeepS::kWords; ++w)
+            shared_keep_word<KeepS::kWords, Traits::kNThreads>(w, tid) = keep.words[w];
+        }
+      }
+
       Tensor sQ = make_tensor(make_smem_ptr(smem_q(stage)), typename Traits::SmemLayoutQ{});
       Tensor sdO = make_tensor(make_smem_ptr(smem_do(stage)), typename Traits::SmemLayoutQ{});
       Tensor acc_s = partition_fragment_C(mma_sdp, TileS{});
@@ -310,7 +337,20 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
       // chain factor): it waits as fp16 pairs, half the registers of fp32 (which spilled at the
       // 255-register cap). P is in [0, 1], so fp16 keeps it to 2^-11 relative, finer than dS's
       // own rounding to Element.
-      copy(copy_p, thr_copy_p.retile_S(convert_fragment<Element>(acc_s)), tPsP);
+      Tensor p_store = convert_fragment<Element>(acc_s);
+      if constexpr (kGeneral) {
+        if (params.dropout_threshold != 0) {  // uniform
+          // dV's operand is P∘Z: the dropped weights zeroed in the copy that goes to shared
+          // memory (acc_s keeps P for dS).
+          KeepS keep;
+          CUTE_UNROLL
+          for (int w = 0; w < KeepS::kWords; ++w)
+            keep.words[w] = shared_keep_word<KeepS::kWords, Traits::kNThreads>(w, tid);
+          Tensor p_store_rc = rowcol_view(p_store);
+          keep.apply(p_store_rc);
+        }
+      }
+      copy(copy_p, thr_copy_p.retile_S(p_store), tPsP);
       if constexpr (kGeneral) {
         // dS takes softcap's chain factor with P: the fp16 copy below holds P times it.
         if (ScoreHook::of(params).softcap()) {  // uniform
@@ -329,11 +369,28 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
       gemm_from_smem<false, FLASHCUTE_AMPERE_BWD_LOOKAHEAD != 0>(acc_dp, tSrQ, tSrK, thr_copy_a_sdp.partition_S(sdO), thr_copy_a_sdp.retile_D(tSrQ),
                                    tSsV, thr_copy_b_sdp.retile_D(tSrK), mma_sdp, copy_a_sdp, copy_b_sdp);
       Tensor acc_dp_rc = rowcol_view(acc_dp);
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
+      if constexpr (kGeneral) {
+        // dS = P∘(Z·dP / (1 - p) - rowsum(dO∘O)) with dropout's keep mask Z from the bits in
+        // shared memory; without dropout Z = 1 and the rescale is 1 (the same dS, exactly).
+        KeepS keep;
         CUTE_UNROLL
-        for (int c = 0; c < size<1>(acc_dp_rc); ++c)
-          acc_dp_rc(r, c) = float(p_half_rc(r, c)) * (acc_dp_rc(r, c) - row_dot[r]);
+        for (int w = 0; w < KeepS::kWords; ++w)
+          keep.words[w] = params.dropout_threshold != 0 ? shared_keep_word<KeepS::kWords, Traits::kNThreads>(w, tid)
+                                                        : ~0u;
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          CUTE_UNROLL
+          for (int c = 0; c < size<1>(acc_dp_rc); ++c)
+            acc_dp_rc(r, c) = float(p_half_rc(r, c)) *
+                              fmaf(acc_dp_rc(r, c), keep.kept(r, c) ? params.dropout_rescale : 0.f, -row_dot[r]);
+        }
+      } else {
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          CUTE_UNROLL
+          for (int c = 0; c < size<1>(acc_dp_rc); ++c)
+            acc_dp_rc(r, c) = float(p_half_rc(r, c)) * (acc_dp_rc(r, c) - row_dot[r]);
+        }
       }
 
       copy(copy_p, thr_copy_p.retile_S(convert_fragment<Element>(acc_dp)), tPsdS);
@@ -376,6 +433,11 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   // seqused_k, get the zeros their masked scores left).
   CUTE_UNROLL
   for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= params.softmax_scale;
+  if constexpr (kGeneral) {
+    // Dropout's 1 / (1 - p) on (P∘Z)ᵀ·dO, once (1 without dropout).
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_dv); ++i) acc_dv(i) *= params.dropout_rescale;
+  }
   Tensor dk = convert_fragment<Element>(acc_dk);
   Tensor dv = convert_fragment<Element>(acc_dv);
   cp_async_wait<0>();

@@ -81,11 +81,12 @@ Status launch_bwd_chunk(Kernel kernel, const BwdKernelParams& params, int pair_b
 
 template <class Element, int kHeadDim>
 Status run_bwd(const BwdKernelParams& call, cudaStream_t stream) {
-  // The score hook (softcap, ALiBi), windows, a head dim below the kernel's and variable-length
-  // batches take the general dK/dV kernel (bwd_kernel.h) with the atomic-free design, whose dQ
-  // pass handles them at no register cost: dq_accum stays unused.
+  // The score hook (softcap, ALiBi), windows, a head dim below the kernel's, variable-length
+  // batches and dropout take the general dK/dV kernel (bwd_kernel.h) with the atomic-free
+  // design, whose dQ pass handles them at no register cost: dq_accum stays unused.
+  const bool dropout = call.dropout_threshold != 0;
   const bool general = ScoreHook::of(call).active() || !MaskPolicy::of(call).dense_or_causal() ||
-                       call.headdim < kHeadDim || !SeqView::fixed(call);
+                       call.headdim < kHeadDim || !SeqView::fixed(call) || dropout;
   BwdKernelParams params = call;
   if (general) params.dq_accum = nullptr;
   using Traits90 = typename BwdTraitsFor<Element, kHeadDim, 90>::type;
@@ -96,8 +97,8 @@ Status run_bwd(const BwdKernelParams& call, cudaStream_t stream) {
   auto dkv_kernel = &bwd_kernel<Element, kHeadDim, false>;
   auto general_dkv_kernel = &bwd_kernel<Element, kHeadDim, false, true>;
   auto plain_dq_kernel = &bwd_dq_kernel<Element, kHeadDim>;
-  auto alibi_dq_kernel = &bwd_dq_kernel<Element, kHeadDim, true>;
-  auto dq_kernel = ScoreHook::of(call).alibi() ? alibi_dq_kernel : plain_dq_kernel;
+  auto hooks_dq_kernel = &bwd_dq_kernel<Element, kHeadDim, true>;  // ALiBi, dropout
+  auto dq_kernel = ScoreHook::of(call).alibi() || dropout ? hooks_dq_kernel : plain_dq_kernel;
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return cuda_status(err, "cudaGetDevice");
 
@@ -115,7 +116,7 @@ Status run_bwd(const BwdKernelParams& call, cudaStream_t stream) {
                                          : prepare_bwd<Traits80>(kernel, device);
       if (!prepared.ok()) return prepared;
     }
-    for (auto kernel : {plain_dq_kernel, alibi_dq_kernel}) {
+    for (auto kernel : {plain_dq_kernel, hooks_dq_kernel}) {
       const Status prepared = arch == 90 ? prepare_bwd<DqTraits90>(kernel, device)
                                          : prepare_bwd<DqTraits80>(kernel, device);
       if (!prepared.ok()) return prepared;

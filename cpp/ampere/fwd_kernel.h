@@ -5,6 +5,10 @@
 // diagonal or the window's right side) come first, the unmasked bulk runs without mask code,
 // and the blocks on the window's left side (mask.h) come last.
 //
+// Dropout (dropout.h) is a uniform branch per block: after the online softmax has taken the
+// block's weights into the row sums (the LSE is dropout's), the dropped weights are zeroed in
+// P before P·V, and O takes 1 / (1 - p) with its normalization.
+//
 // Variable-length batches (seq_view.h): the grid is sized from the longest sequence; a CTA
 // whose rows start past its sequence's end exits at once, and every row and key offset, length
 // and mask comes from the sequence's view (constants of the parameters for a fixed-length call).
@@ -14,6 +18,7 @@
 #include <cute/arch/copy_sm80.hpp>
 
 #include "ampere/fwd_config.h"
+#include "ampere/dropout_fragments.h"
 #include "ampere/smem_gemm.h"
 #include "fragment_views.h"
 #include "kernel_params.h"
@@ -215,6 +220,12 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
     Tensor sK = make_tensor(make_smem_ptr(sk_ptr), typename Traits::SmemLayoutKV{});
     Tensor sVt = make_tensor(make_smem_ptr(sk_ptr + Traits::kKVElems), typename Traits::SmemLayoutVt{});
 
+    // Dropout's keep bits, drawn before the scores take their registers (dropout_fragments.h).
+    KeepMaskFor<decltype(score_offsets_rc)> keep;
+    if (params.dropout_threshold != 0)  // uniform
+      keep.template draw<true>(Dropout::of(params), score_offsets_rc, thread_row, n_block * kBlockN + thread_col,
+                               batch * params.nheads + head);
+
     Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
     clear(acc_s);
     gemm_from_smem<Traits::kQInRegs, Traits::kLookaheadK>(acc_s, tSrQ, tSrK, tSsQ, tSrQ_view,
@@ -229,6 +240,10 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
     if constexpr (decltype(masked)::value)
       seq.mask(params).apply(acc_s_rc, score_offsets_rc, thread_row, n_block * kBlockN + thread_col);
     softmax.update(acc_s_rc, acc_o_rc);
+    // Dropout after the row sums took every weight (the LSE is dropout's); the kept weights'
+    // 1 / (1 - p) waits for the output's normalization. Warps split the rows only, so each
+    // thread holds whole groups of dropout.h's bits.
+    if (params.dropout_threshold != 0) keep.apply(acc_s_rc);  // uniform
 
     Tensor scores_a = make_tensor(acc_s.data(), acc_to_a_operand_layout(acc_s.layout()));
     gemm_pv<Element>(acc_o, scores_a, tOrVt, smem_thr_copy_v.partition_S(sVt), tOrVt_view,
@@ -246,7 +261,7 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
 
   // Epilogue: normalize, stage O through shared memory for 16-byte row stores, write LSE.
   float lse[kRows];
-  softmax.finalize(acc_o_rc, lse);
+  softmax.finalize(acc_o_rc, lse, params.dropout_rescale);  // 1 without dropout
   Tensor o = convert_fragment<Element>(acc_o);
   cp_async_wait<0>();
   __syncthreads();  // O reuses Q's smem, which may have been a K/V stage
