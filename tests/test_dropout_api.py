@@ -63,6 +63,19 @@ def test_exported_as_a_module():
     assert callable(flashcute.testing.dropout_keep_mask)
 
 
+def test_testing_attribute_without_importing_it():
+    """After a plain ``import flashcute``, ``flashcute.testing`` is the testing module (not the
+    reference), imported on first use."""
+    import subprocess
+    import sys
+
+    code = ("import flashcute; t = flashcute.testing; "
+            "assert t.__name__ == 'flashcute.testing', t.__name__; "
+            "assert callable(t.dropout_keep_mask); "
+            "assert flashcute.reference.__name__ == 'flashcute.reference'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 @pytest.mark.parametrize("p", [0.1, 0.25, 0.5, 0.9])
 def test_keep_rate_is_binomial(p):
     """The fraction kept over 2·3·96·80 weights is 1 - threshold / 65536 within 5 standard

@@ -85,11 +85,13 @@ def packed(headdim=192, headdim_v=128):
 @pytest.mark.parametrize("headdim, headdim_v", [(192, 128), (136, 120), (192, 64), (144, 8), (64, 128)])
 def test_a_compiled_pair_passes_the_checks(build, headdim, headdim_v):
     """(192, 128) and calls it covers (both head dims at most the pair's, multiples of 8) pass
-    every check that CPU tensors can reach, forward, backward and variable-length."""
+    every check that CPU tensors can reach, forward, backward and variable-length; the backward
+    takes a v head dim below q's only."""
     q, k, v = qkv(headdim, headdim_v)
     with pytest.raises(ValueError, match=DEVICE_ERROR):
         flashcute.attention(q, k, v)
-    with pytest.raises(ValueError, match=DEVICE_ERROR):
+    backward_error = DEVICE_ERROR if headdim_v < headdim else rf"^v: head dim {headdim_v} is larger than q's"
+    with pytest.raises(ValueError, match=backward_error):
         flashcute.attention_backward(*bwd_args(headdim, headdim_v))
     with pytest.raises(ValueError, match=DEVICE_ERROR):
         validate_varlen(*packed(headdim, headdim_v))
@@ -114,9 +116,10 @@ def test_a_build_without_pairs_names_v(build):
 
 def test_backward_needs_a_kernel_as_wide_as_both(build):
     """The backward runs on a Hopper-path backward kernel at least as large as both head dims:
-    without one, a ValueError naming v; any pair it covers passes (no forward pair needed)."""
-    with pytest.raises(ValueError, match=DEVICE_ERROR):
-        flashcute.attention_backward(*bwd_args(64, 128))  # on the hd 128 kernel
+    without one, a ValueError naming v; any pair it covers passes (no forward pair needed).
+    A v head dim above q's is refused, naming v."""
+    with pytest.raises(ValueError, match=r"^v: head dim 128 is larger than q's and k's 64"):
+        flashcute.attention_backward(*bwd_args(64, 128))
     build[("hopper", True)] = [64, 128]
     match = r"^v: head dim 128 differs from q's and k's 192, and this build has no backward"
     with pytest.raises(ValueError, match=match):

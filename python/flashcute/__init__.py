@@ -53,7 +53,7 @@ def cmake_prefix_path() -> str:
 
 
 def __getattr__(name: str) -> ModuleType:
-    # flashcute.reference and flashcute.testing need torch; import them only when asked for.
+    # flashcute.reference and flashcute.testing use torch; each is imported when asked for.
     if name in ("reference", "testing"):
-        return importlib.import_module(".reference", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

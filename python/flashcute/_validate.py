@@ -370,11 +370,17 @@ def _check_headdim(headdim: int) -> None:
 
 def _check_headdim_v(headdim: int, headdim_v: int, backward: bool = False) -> None:
     """v's head dim: q's, or one that a compiled Hopper-path kernel runs (forward: a head dim
-    pair at least as large in both; backward: a kernel at least as large as both). Which
-    backend runs the call is the dispatch's question."""
+    pair at least as large in both; backward: a smaller one, on a kernel at least as large as
+    q's). Which backend runs the call is the dispatch's question."""
     if headdim_v == headdim:
         return
     pass_name = "backward" if backward else "forward"
+    if backward and headdim_v > headdim:
+        # The backward's workspace follows q's head dim; a wider v is not run.
+        raise ValueError(
+            f"v: head dim {headdim_v} is larger than q's and k's {headdim}; the backward runs a "
+            f"v head dim that differs from q's only where it is smaller"
+        )
     if headdim_v not in SUPPORTED_HEAD_DIMS:
         raise ValueError(
             f"v: head dim {headdim_v} is not supported; supported head dims are the multiples "
