@@ -454,7 +454,7 @@ def test_direct_route_draws_from_torchs_generator(ext):
     flashcute.attention(q, k, v, dropout_p=0.25)
     assert ext.of("forward")[0]["state"] == states[0]
     torch.manual_seed(123)
-    assert flashcute.dropout_rng_state(q.device).tolist() == states[0]  # the helper draws the same
+    assert flashcute.dropout_rng_state(q.device).tolist() == states[0]  # dropout_rng_state() draws the same
 
 
 def test_explicit_seed_and_state_are_used_as_given(ext):

@@ -228,9 +228,9 @@ def test_long_rows_backward_dropout(gen, backend):
 
 @pytest.mark.parametrize("backend", list(SUPPORT))
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.8])
-def test_kernel_mask_is_the_helpers(gen, backend, p):
+def test_kernel_mask_is_dropout_keep_mask(gen, backend, p):
     """q = 0 gives uniform weights 1/seqlen_k, and v = identity makes out[i, c] the weight of
-    key c: the kept weights read back are exactly the helper's mask, and the kept share is
+    key c: the kept weights read back are exactly dropout_keep_mask's, and the kept share is
     1 - p within binomial tolerance."""
     head_dims, dtypes = SUPPORT[backend]
     headdim = 64 if 64 in head_dims else head_dims[0]

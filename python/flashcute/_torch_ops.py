@@ -61,8 +61,8 @@ def _concrete(softmax_scale: float, window_left: int, window_right: int,
     return float(softmax_scale), (int(window_left), int(window_right)), float(softcap)
 
 
-#: The forward ops draw the dropout rng state from torch's generator: a compiler must neither
-#: fold, merge nor drop them as it would a pure function.
+#: Called directly with dropout and neither a seed nor a rng state, the forward ops draw the
+#: rng state from torch's generator: a compiler must neither fold, merge nor drop them.
 _RANDOM = (torch.Tag.nondeterministic_seeded,)
 
 
@@ -110,7 +110,7 @@ def attention_forward(
     dropout_rng_state: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(out, lse, rng_state) of flashcute's forward; out is contiguous (batch, seqlen_q,
-    nheads, headdim). ``deterministic`` asks the autograd formula for a bitwise reproducible
+    nheads, v's head dim). ``deterministic`` asks the autograd formula for a bitwise reproducible
     backward; the window sides, softcap, ALiBi slopes (not differentiated) and dropout
     arguments are ``flashcute.attention``'s. With ``dropout_p > 0`` and neither an explicit
     seed nor a rng state, the op draws a rng state from torch's generator and returns it

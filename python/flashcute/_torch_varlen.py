@@ -189,7 +189,7 @@ def attention_varlen_forward(
     dropout_seed: Optional[int] = None, dropout_offset: Optional[int] = None,
     dropout_rng_state: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(out, lse, rng_state) of a variable-length forward: out (total_q, nheads, headdim), lse
+    """(out, lse, rng_state) of a variable-length forward: out (total_q, nheads, v's head dim), lse
     (nheads, total_q), and the dropout rng state the op drew (empty where it drew none), as
     ``flashcute::attention_forward``. ``deterministic`` asks the autograd formula for a
     bitwise reproducible backward; the ALiBi slopes are not differentiated."""

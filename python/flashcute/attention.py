@@ -139,7 +139,8 @@ def attention(
 
     Args:
         q: (batch, seqlen_q, nheads, headdim), float16 or bfloat16, on a CUDA device.
-        k, v: (batch, seqlen_k, nheads_kv, headdim), q's dtype and device. Grouped-query /
+        k, v: (batch, seqlen_k, nheads_kv, headdim), q's dtype and device (v's head dim may
+            differ where a head dim pair kernel runs it: see the README). Grouped-query /
             multi-query attention: nheads must be a multiple of nheads_kv; query head ``h``
             uses key/value head ``h // (nheads // nheads_kv)``.
         causal: mask so query ``i`` attends key ``j`` only if ``j <= i + seqlen_k - seqlen_q``
@@ -176,7 +177,7 @@ def attention(
         return_lse: also return the float32 (batch, nheads, seqlen_q) natural-log
             log-sum-exp of the scaled (softcapped, ALiBi-biased, masked) scores, before
             dropout.
-        out: optional (batch, seqlen_q, nheads, headdim) tensor of q's dtype to write into
+        out: optional (batch, seqlen_q, nheads, v's head dim) tensor of q's dtype to write into
             (not for jax arrays, which are immutable); it is returned.
         backend: None (choose by GPU), "ampere" or "hopper".
         deterministic: differentiate this call with the bitwise reproducible backward (torch
@@ -199,8 +200,9 @@ def attention(
     stream and synchronizes it before returning.
 
     Torch tensors (without ``out``) go through the custom op ``flashcute::attention_forward``
-    whenever something may watch the call: an input requires grad, ``torch.compile`` traces,
-    a tensor subclass, dispatch mode or functorch transform is active. The result is then
+    whenever something may watch the call: ``torch.compile`` traces, a tensor subclass,
+    dispatch mode or functorch transform is active (in eager mode an input that requires grad
+    runs an ``autograd.Function`` over the same kernels instead). The result is then
     differentiable (``flashcute::attention_backward``; bitwise reproducible gradients under
     ``torch.use_deterministic_algorithms(True)`` or with ``deterministic=True``) and
     works under ``torch.compile(fullgraph=True)``; a call with ``out`` goes through the

@@ -86,7 +86,8 @@ def _check_options(
         raise TypeError(f"dropout_p: expected a float, got {type_name(dropout_p)}")
     if dropout_p != 0.0:
         raise NotImplementedError(
-            f"dropout_p: flashcute has no attention dropout; got {dropout_p}, pass 0.0"
+            f"dropout_p: flashcute.sdpa does not take dropout; got {dropout_p}, pass 0.0 (or "
+            f"call flashcute.attention with dropout_p)"
         )
     for name, flag in (("is_causal", is_causal), ("enable_gqa", enable_gqa)):
         if not isinstance(flag, bool):
@@ -119,7 +120,7 @@ def _check_tensors(query: Any, key: Any, value: Any, enable_gqa: bool) -> None:
         if x.shape[-1] != query.shape[-1]:
             raise ValueError(
                 f"{name}: head dim {x.shape[-1]} differs from query's {query.shape[-1]}; "
-                "flashcute needs one head dim for query, key and value"
+                "flashcute.sdpa needs one head dim for query, key and value"
             )
     if value.shape != key.shape:
         raise ValueError(

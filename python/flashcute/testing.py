@@ -1,4 +1,4 @@
-"""Helpers for testing code that calls flashcute: the exact dropout mask the kernels use."""
+"""For testing code that calls flashcute: the exact dropout mask the kernels use."""
 
 from __future__ import annotations
 

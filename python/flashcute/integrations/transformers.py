@@ -158,7 +158,8 @@ def attention_forward(
         attention_mask: must be None, which the registered mask function gives for causal
             or plain attention (with or without a sliding window) without padding or packed
             sequences.
-        dropout: must be 0.0 (an evaluation-mode model, or ``attention_dropout=0``).
+        dropout: must be 0.0 (an evaluation-mode model, or ``attention_dropout=0``): this
+            integration does not pass dropout on.
         scaling: softmax scale; default 1/sqrt(headdim).
         is_causal: overrides ``module.is_causal``.
         **kwargs: further keywords from the model. ``sliding_window`` (a positive int or
