@@ -301,7 +301,8 @@ def attention(
     left, right = window
     # Drawn here, before any custom op runs: a traced call then holds a draw of its own, and a
     # compiler cannot merge two calls with equal inputs into one mask.
-    dropout_rng_state = rng_state_for(q, dropout, dropout_rng_state)
+    if dropout_rng_state is None:  # a given state passes on, checked where it is used
+        dropout_rng_state = rng_state_for(q, dropout, None)
     tensors = [x for x in (alibi_slopes, dropout_rng_state) if x is not None]
     drop = (dropout.p, dropout.seed, dropout.offset, dropout_rng_state)
     if out is not None:

@@ -402,7 +402,8 @@ def attention(
     left, right = window
     # Drawn here, before any custom op runs: a traced call then holds a draw of its own, and a
     # compiler cannot merge two calls with equal inputs into one mask.
-    dropout_rng_state = rng_state_for(q, dropout, dropout_rng_state)
+    if dropout_rng_state is None:  # a given state passes on, checked where it is used
+        dropout_rng_state = rng_state_for(q, dropout, None)
     watched = [x for x in (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, out, alibi_slopes,
                            dropout_rng_state) if x is not None]
     how = _torch_ops.route(*watched)
