@@ -736,3 +736,16 @@ def test_bench_reference_with_dropout_slices_like_the_whole():
                                atol=1e-5, rtol=1e-5)
     plain = reference_output(q, k, v, True)
     assert (plain - expected).abs().max() > 1e-2
+
+
+def test_flash_attn_functions_take_dropout_on_torch_tensors_only():
+    """flash_attn_func and flash_attn_varlen_func take no seed: with dropout, other arrays (a
+    numpy array here) get a ValueError naming dropout_p before anything else is checked."""
+    np = pytest.importorskip("numpy")
+    q = np.zeros((1, 8, 2, 64), dtype=np.float16)
+    with pytest.raises(ValueError, match=r"^dropout_p: 0\.1 needs torch tensors here"):
+        flashcute.flash_attn_func(q, q, q, 0.1)
+    packed = np.zeros((8, 2, 64), dtype=np.float16)
+    cu = np.array([0, 8], dtype=np.int32)
+    with pytest.raises(ValueError, match=r"^dropout_p: 0\.1 needs torch tensors here"):
+        flashcute.flash_attn_varlen_func(packed, packed, packed, cu, cu, 8, 8, 0.1)

@@ -16,6 +16,7 @@ import numbers
 from typing import Any, Optional, Sequence
 
 from ._dropout import check_dropout_p
+from ._frameworks import _loaded_class
 from ._validate import type_name
 from .attention import attention
 from .varlen import attention_varlen
@@ -92,7 +93,7 @@ def flash_attn_func(
         qv=qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
         attention_chunk=attention_chunk,
     )
-    dropout_p = check_dropout_p(dropout_p)
+    dropout_p = _dropout_for(q, dropout_p)
     shape = getattr(k, "shape", None)  # anything else fails flashcute.attention's checks
     seqlen_k = int(shape[1]) if shape is not None and len(shape) == 4 else None
     window = _window(window_size, seqlen_k=seqlen_k)
@@ -165,7 +166,7 @@ def flash_attn_varlen_func(
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool, got {type_name(causal)}")
     _refuse_unsupported(qv=None, q_descale=None, k_descale=None, v_descale=None, attention_chunk=0)
-    dropout_p = check_dropout_p(dropout_p)
+    dropout_p = _dropout_for(q, dropout_p)
     for name, value in (("block_table", block_table), ("seqused_q", seqused_q)):
         if value is not None:
             raise NotImplementedError(f"{name}: flashcute does not support {name} yet; pass None")
@@ -181,6 +182,20 @@ def flash_attn_varlen_func(
         out, lse = result
         return out, lse, None
     return result
+
+
+def _dropout_for(q: Any, dropout_p: Any) -> float:
+    """``dropout_p`` checked; nonzero only for torch tensors, whose generator gives the seed
+    (these functions take no seed: other arrays call ``flashcute.attention`` with one)."""
+    dropout_p = check_dropout_p(dropout_p)
+    torch_tensor = _loaded_class("torch", "Tensor")
+    if dropout_p > 0.0 and (torch_tensor is None or not isinstance(q, torch_tensor)):
+        raise ValueError(
+            f"dropout_p: {dropout_p} needs torch tensors here (the seed comes from torch's "
+            f"generator); for {type_name(q)} call flashcute.attention with dropout_seed and "
+            f"dropout_offset"
+        )
+    return dropout_p
 
 
 def _refuse_unsupported(
