@@ -20,7 +20,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from . import _torch_direct
-from ._dropout import NO_DROPOUT, Dropout, rng_state_for
+from ._dropout import NO_DROPOUT, Dropout
 from ._torch_layout import kernel_layout
 
 
@@ -49,13 +49,13 @@ class _Attention(torch.autograd.Function):
         backend: Optional[str], deterministic: bool, window: tuple[int, int], softcap: float,
         alibi_slopes: Optional[Tensor], dropout: Dropout, dropout_rng_state: Optional[Tensor],
     ) -> tuple[Tensor, Tensor]:
-        state = rng_state_for(q, dropout, dropout_rng_state)
+        # dropout_rng_state: the state the route drew or was given; nothing is drawn here.
         out, lse = _torch_direct.attention(
             q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True, backend=backend,
             window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout=dropout,
-            dropout_rng_state=state,
+            dropout_rng_state=dropout_rng_state,
         )
-        ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, state)
+        ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, dropout_rng_state)
         save_options(ctx, lse, causal, softmax_scale, window, softcap, deterministic, backend,
                      dropout)
         return out, lse
@@ -84,7 +84,8 @@ def attention(
     slopes. ``deterministic`` makes its backward bitwise reproducible (as
     ``torch.use_deterministic_algorithms`` does); the backward takes the forward's window,
     softcap, slopes and dropout mask (the explicit seed and offset, the given rng state, or
-    the one drawn from torch's generator for this call)."""
+    the one drawn from torch's generator for this call, passed as ``dropout_rng_state``:
+    nothing is drawn here)."""
     out, lse = _Attention.apply(
         q, k, v, causal, softmax_scale, backend, deterministic, window, softcap, alibi_slopes,
         dropout, dropout_rng_state,

@@ -52,6 +52,13 @@ def _layout(x: Optional[Tensor]) -> Any:
     return None if x is None else (x.shape, x.stride(), x.dtype, x.device)
 
 
+def drawn_layout(q: Tensor) -> Any:
+    """``_layout`` of the rng state a torch route draws for a call on ``q``
+    (``_dropout.dropout_rng_state(q.device)``): contiguous int64 (2,) on q's device, so such a
+    state passes the state's checks by construction."""
+    return (torch.Size((2,)), (1,), torch.int64, q.device)
+
+
 def _keep(key: tuple[Any, ...], plan: _Plan) -> None:
     if len(_plans) >= _MAX_PLANS:
         _plans.clear()
@@ -66,16 +73,6 @@ def _stream(device: int) -> int:
         _raw_stream(device) if _raw_stream is not None
         else torch.cuda.current_stream(device).cuda_stream
     )
-
-
-def _signature(
-    q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor], causal: bool,
-    softmax_scale: Optional[float], backend: Optional[str], window: tuple[int, int],
-    softcap: float, alibi_slopes: Optional[Tensor], dropout_p: float,
-    dropout_rng_state: Optional[Tensor],
-) -> tuple[Any, ...]:
-    return ("forward", _layout(q), _layout(k), _layout(v), _layout(out), causal, softmax_scale,
-            backend, window, softcap, _layout(alibi_slopes), dropout_p, _layout(dropout_rng_state))
 
 
 def _plan(
@@ -96,6 +93,26 @@ def _plan(
     )
     workspace_bytes = 0 if problem.empty_output else forward_workspace_bytes(ext, problem, causal, code)
     return _Plan(problem, code, workspace_bytes)
+
+
+def forward_plan(
+    q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor], causal: bool,
+    softmax_scale: Optional[float], backend: Optional[str], window: tuple[int, int],
+    softcap: float, alibi_slopes: Optional[Tensor], dropout_p: float,
+    dropout_rng_state: Optional[Tensor], *, to_draw: bool = False,
+) -> _Plan:
+    """The kept plan of a forward's call signature, checked on its first call (raises what
+    the checks raise). ``to_draw``: the call will read a rng state not drawn yet; the drawn
+    state's layout keys the plan, so that the call itself finds it."""
+    state_layout = drawn_layout(q) if to_draw else _layout(dropout_rng_state)
+    key = ("forward", _layout(q), _layout(k), _layout(v), _layout(out), causal, softmax_scale,
+           backend, window, softcap, _layout(alibi_slopes), dropout_p, state_layout)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plan(q, k, v, out, causal, softmax_scale, backend, window, softcap, alibi_slopes,
+                     dropout_p, dropout_rng_state)
+        _keep(key, plan)
+    return plan
 
 
 def dropout_capsule(dropout: Dropout, rng_state: Optional[Tensor]) -> Any:
@@ -148,13 +165,8 @@ def attention(
     kernels take the explicit seed and offset, or read ``dropout_rng_state`` (drawn by the
     caller: this function draws nothing). Raises what ``attention_dlpack`` raises for the
     same arguments."""
-    key = _signature(q, k, v, out, causal, softmax_scale, backend, window, softcap, alibi_slopes,
-                     dropout.p, dropout_rng_state)
-    plan = _plans.get(key)
-    if plan is None:
-        plan = _plan(q, k, v, out, causal, softmax_scale, backend, window, softcap, alibi_slopes,
-                     dropout.p, dropout_rng_state)
-        _keep(key, plan)
+    plan = forward_plan(q, k, v, out, causal, softmax_scale, backend, window, softcap,
+                        alibi_slopes, dropout.p, dropout_rng_state)
     problem = plan.problem
     out, lse, workspace = _forward_buffers(q, plan, out, return_lse)
     if not problem.empty_output:

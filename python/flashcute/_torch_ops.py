@@ -22,7 +22,7 @@ from ._torch_version import require_torch
 
 require_torch(torch.__version__)  # before the custom ops below, which older torch lacks
 
-from . import _torch_autograd, _torch_direct
+from . import _dropout, _torch_autograd, _torch_direct
 from ._build_info import load_extension
 from ._dispatch import choose_backend, choose_backward_backend
 from ._dropout import NO_DROPOUT, Dropout, check_dropout, rng_state_for
@@ -299,39 +299,69 @@ def attention(
     Dropout without an explicit seed or rng state draws one from torch's generator here, on
     every route, so that under a compiler the draw is a graph node of its own."""
     left, right = window
-    # Drawn here, before any custom op runs: a traced call then holds a draw of its own, and a
-    # compiler cannot merge two calls with equal inputs into one mask.
-    if dropout_rng_state is None:  # a given state passes on, checked where it is used
-        dropout_rng_state = rng_state_for(q, dropout, None)
     tensors = [x for x in (alibi_slopes, dropout_rng_state) if x is not None]
-    drop = (dropout.p, dropout.seed, dropout.offset, dropout_rng_state)
-    if out is not None:
-        if route(q, k, v, out, *tensors) != "direct":
+    how = route(q, k, v, *([] if out is None else [out]), *tensors)
+    allocating = out is None and q.dim() == 4  # other ranks: direct, whose checks name q
+    op = (how == "custom_op" and allocating) or (how != "direct" and out is not None)
+    if dropout.active and dropout.seed is None and dropout_rng_state is None:
+        # Checked before the draw, so that a call that raises leaves torch's generator as it
+        # was; drawn here, outside any custom op, so that a compiler cannot merge two calls'
+        # draws into one mask. A drawn state does not change the route.
+        if op:
+            _check_before_op_draw(q, k, v, out, causal, softmax_scale, backend, window,
+                                  softcap, alibi_slopes, dropout.p)
+        else:
+            _torch_direct.forward_plan(q, k, v, out, causal, softmax_scale, backend, window,
+                                       softcap, alibi_slopes, dropout.p, None, to_draw=True)
+        dropout_rng_state = _dropout.dropout_rng_state(q.device)
+    if op:
+        drop = (dropout.p, dropout.seed, dropout.offset, dropout_rng_state)
+        if out is not None:
             lse = attention_forward_out(
                 q, k, v, out, causal, _scale(q, softmax_scale), backend, left, right, softcap,
                 alibi_slopes, *drop,
             )
             return (out, lse) if return_lse else out
-    elif q.dim() == 4:
-        how = route(q, k, v, *tensors)
-        if how == "custom_op":
-            result, lse, _ = attention_forward(
-                q, k, v, causal, _scale(q, softmax_scale), backend, deterministic, left, right,
-                softcap, alibi_slopes, *drop,
-            )
-            return (result, lse) if return_lse else result
-        if how == "autograd":
-            result, lse = _torch_autograd.attention(
-                q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend,
-                deterministic=deterministic, window=window, softcap=softcap,
-                alibi_slopes=alibi_slopes, dropout=dropout, dropout_rng_state=dropout_rng_state,
-            )
-            return (result, lse) if return_lse else result
+        result, lse, _ = attention_forward(
+            q, k, v, causal, _scale(q, softmax_scale), backend, deterministic, left, right,
+            softcap, alibi_slopes, *drop,
+        )
+        return (result, lse) if return_lse else result
+    # What the kernels read: the state given or drawn above; none without dropout.
+    state = dropout_rng_state if dropout.active else None
+    if allocating and how == "autograd":
+        result, lse = _torch_autograd.attention(
+            q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend,
+            deterministic=deterministic, window=window, softcap=softcap,
+            alibi_slopes=alibi_slopes, dropout=dropout, dropout_rng_state=state,
+        )
+        return (result, lse) if return_lse else result
     return _torch_direct.attention(
         q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
         backend=backend, out=out, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
-        dropout=dropout, dropout_rng_state=rng_state_for(q, dropout, dropout_rng_state),
+        dropout=dropout, dropout_rng_state=state,
     )
+
+
+def _check_before_op_draw(
+    q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor], causal: bool,
+    softmax_scale: Optional[float], backend: Optional[str], window: tuple[int, int],
+    softcap: float, alibi_slopes: Optional[Tensor], dropout_p: float,
+) -> None:
+    """The forward op's checks (its fake's), for a call about to draw a rng state for it.
+    Skipped while compiling, where the fake runs them as the call is traced (a trace that
+    fails runs no draw), and under functorch transforms, where the op's own dispatch decides
+    what its checks see."""
+    if checked_by_the_op():
+        return
+    _fake_forward_problem(q, k, v, out, causal, backend, _scale(q, softmax_scale), window,
+                          softcap, alibi_slopes, dropout_p)
+
+
+def checked_by_the_op() -> bool:
+    """Whether a forward op's checks are left to the op (see ``_check_before_op_draw``)."""
+    return bool(torch.compiler.is_compiling() or _functorch_active is None
+                or _functorch_active())
 
 
 def _scale(q: Tensor, softmax_scale: Optional[float]) -> float:

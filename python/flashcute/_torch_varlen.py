@@ -19,12 +19,13 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 from torch.utils.dlpack import to_dlpack
 
-from . import _torch_ops
+from . import _dropout, _torch_ops
 from ._dispatch import choose_backend, choose_backward_backend
 from ._dropout import NO_DROPOUT, Dropout, launch_kwargs, rng_state_for
 from ._torch_direct import (
     _capsule,
     dropout_capsule,
+    drawn_layout,
     _forward_buffers,
     _gradient_buffers,
     _keep,
@@ -62,25 +63,9 @@ def forward(
 ) -> Any:
     """The output (``out`` when given; and lse) of a call nothing watches; with dropout, the
     explicit seed and offset or ``dropout_rng_state`` (nothing is drawn here)."""
-    key = ("varlen_forward", _layout(q), _layout(k), _layout(v), _layout(out),
-           _layout(cu_seqlens_q), _layout(cu_seqlens_k), _layout(seqused_k), max_seqlen_q,
-           max_seqlen_k, causal, softmax_scale, backend, window, softcap, _layout(alibi_slopes),
-           dropout.p, _layout(dropout_rng_state))
-    plan = _plans.get(key)
-    if plan is None:
-        ext = varlen_extension()
-        problem = validate_varlen(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out,
-            seqused_k=seqused_k, causal=causal, softmax_scale=softmax_scale, backend=backend,
-            window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout.p,
-            dropout_rng_state=dropout_rng_state,
-        )
-        code = choose_backend(backend, int(ext.device_capability(problem.device_id)),
-                              headdim=problem.headdim, dtype=problem.dtype,
-                              headdim_v=problem.dv)
-        nbytes = 0 if problem.empty_output else forward_workspace_bytes(ext, problem, causal, code)
-        plan = _Plan(problem, code, nbytes)
-        _keep(key, plan)
+    plan = forward_plan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                        seqused_k, out, causal, softmax_scale, backend, window, softcap,
+                        alibi_slopes, dropout.p, dropout_rng_state)
     problem = plan.problem
     out, lse, workspace = _forward_buffers(q, plan, out, return_lse)
     if not problem.empty_output:
@@ -95,6 +80,38 @@ def forward(
             **launch_kwargs(ext, dropout, dropout_capsule(dropout, dropout_rng_state)),
         )
     return (out, lse) if return_lse else out
+
+
+def forward_plan(
+    q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+    max_seqlen_q: int, max_seqlen_k: int, seqused_k: Optional[Tensor], out: Optional[Tensor],
+    causal: bool, softmax_scale: Optional[float], backend: Optional[str],
+    window: tuple[int, int], softcap: float, alibi_slopes: Optional[Tensor], dropout_p: float,
+    dropout_rng_state: Optional[Tensor], *, to_draw: bool = False,
+) -> _Plan:
+    """The kept plan of a forward's call signature, checked on its first call (raises what
+    the checks raise); ``to_draw`` as ``_torch_direct.forward_plan``."""
+    state_layout = drawn_layout(q) if to_draw else _layout(dropout_rng_state)
+    key = ("varlen_forward", _layout(q), _layout(k), _layout(v), _layout(out),
+           _layout(cu_seqlens_q), _layout(cu_seqlens_k), _layout(seqused_k), max_seqlen_q,
+           max_seqlen_k, causal, softmax_scale, backend, window, softcap, _layout(alibi_slopes),
+           dropout_p, state_layout)
+    plan = _plans.get(key)
+    if plan is None:
+        ext = varlen_extension()
+        problem = validate_varlen(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out,
+            seqused_k=seqused_k, causal=causal, softmax_scale=softmax_scale, backend=backend,
+            window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+            dropout_rng_state=dropout_rng_state,
+        )
+        code = choose_backend(backend, int(ext.device_capability(problem.device_id)),
+                              headdim=problem.headdim, dtype=problem.dtype,
+                              headdim_v=problem.dv)
+        nbytes = 0 if problem.empty_output else forward_workspace_bytes(ext, problem, causal, code)
+        plan = _Plan(problem, code, nbytes)
+        _keep(key, plan)
+    return plan
 
 
 def backward(
@@ -349,13 +366,13 @@ class _AttentionVarlen(torch.autograd.Function):
         window: tuple[int, int], softcap: float, slopes: Optional[Tensor], dropout: Dropout,
         given: Optional[Tensor],
     ) -> tuple[Tensor, Tensor]:
-        state = rng_state_for(q, dropout, given)
+        # given: the state the route drew or was given; nothing is drawn here.
         out, lse = forward(
             q, k, v, cu_q, cu_k, max_q, max_k, seqused_k=used, causal=causal,
             softmax_scale=softmax_scale, return_lse=True, backend=backend, window=window,
-            softcap=softcap, alibi_slopes=slopes, dropout=dropout, dropout_rng_state=state,
+            softcap=softcap, alibi_slopes=slopes, dropout=dropout, dropout_rng_state=given,
         )
-        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used, slopes, state)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used, slopes, given)
         ctx.sizes = (max_q, max_k)
         save_options(ctx, lse, causal, softmax_scale, window, softcap, deterministic, backend,
                      dropout)
@@ -400,40 +417,65 @@ def attention(
     """The torch route of ``attention_varlen`` (scalar arguments already checked); dropout
     without an explicit seed or rng state draws one as ``_torch_ops.attention`` does."""
     left, right = window
-    # Drawn here, before any custom op runs: a traced call then holds a draw of its own, and a
-    # compiler cannot merge two calls with equal inputs into one mask.
-    if dropout_rng_state is None:  # a given state passes on, checked where it is used
-        dropout_rng_state = rng_state_for(q, dropout, None)
     watched = [x for x in (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, out, alibi_slopes,
                            dropout_rng_state) if x is not None]
     how = _torch_ops.route(*watched)
-    drop = (dropout.p, dropout.seed, dropout.offset, dropout_rng_state)
-    if out is not None:
-        if how != "direct":
+    allocating = out is None and q.dim() == 3  # other ranks: direct, whose checks name q
+    op = (how == "custom_op" and allocating) or (how != "direct" and out is not None)
+    if dropout.active and dropout.seed is None and dropout_rng_state is None:
+        # As in _torch_ops.attention: checked before the draw (a call that raises leaves
+        # torch's generator as it was), drawn outside the custom ops.
+        if op:
+            _check_before_op_draw(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                                  max_seqlen_k, out, causal, backend, softmax_scale, window,
+                                  softcap, alibi_slopes, dropout)
+        else:
+            forward_plan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         seqused_k, out, causal, softmax_scale, backend, window, softcap,
+                         alibi_slopes, dropout.p, None, to_draw=True)
+        dropout_rng_state = _dropout.dropout_rng_state(q.device)
+    if op:
+        drop = (dropout.p, dropout.seed, dropout.offset, dropout_rng_state)
+        if out is not None:
             lse = attention_varlen_forward_out(
                 q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                 causal, _scale(q, softmax_scale), backend, left, right, softcap, alibi_slopes,
                 *drop,
             )
             return (out, lse) if return_lse else out
-    elif q.dim() == 3:
-        if how == "custom_op":
-            result, lse, _ = attention_varlen_forward(
-                q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                causal, _scale(q, softmax_scale), backend, deterministic, left, right, softcap,
-                alibi_slopes, *drop,
-            )
-            return (result, lse) if return_lse else result
-        if how == "autograd":
-            result, lse = _AttentionVarlen.apply(
-                q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                causal, softmax_scale, backend, deterministic, window, softcap, alibi_slopes,
-                dropout, dropout_rng_state,
-            )
-            return (result, lse) if return_lse else result
+        result, lse, _ = attention_varlen_forward(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+            causal, _scale(q, softmax_scale), backend, deterministic, left, right, softcap,
+            alibi_slopes, *drop,
+        )
+        return (result, lse) if return_lse else result
+    # What the kernels read: the state given or drawn above; none without dropout.
+    state = dropout_rng_state if dropout.active else None
+    if allocating and how == "autograd":
+        result, lse = _AttentionVarlen.apply(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+            causal, softmax_scale, backend, deterministic, window, softcap, alibi_slopes,
+            dropout, state,
+        )
+        return (result, lse) if return_lse else result
     return forward(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=seqused_k,
         causal=causal, softmax_scale=softmax_scale, return_lse=return_lse, backend=backend,
         out=out, window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout=dropout,
-        dropout_rng_state=rng_state_for(q, dropout, dropout_rng_state),
+        dropout_rng_state=state,
     )
+
+
+def _check_before_op_draw(
+    q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+    seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, out: Optional[Tensor],
+    causal: bool, backend: Optional[str], softmax_scale: Optional[float],
+    window: tuple[int, int], softcap: float, alibi_slopes: Optional[Tensor], dropout: Dropout,
+) -> None:
+    """The forward op's checks (its fake's), for a call about to draw a rng state for it;
+    skipped where ``_torch_ops._check_before_op_draw`` skips them."""
+    if _torch_ops.checked_by_the_op():
+        return
+    _fake_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                  out, causal, backend, _scale(q, softmax_scale), *window, softcap,
+                  alibi_slopes, dropout)
