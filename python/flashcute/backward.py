@@ -101,11 +101,10 @@ def attention_backward(
                 window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout=dropout,
                 dropout_rng_state=dropout_rng_state,
             )
-    return attention_backward_dlpack(
+    return _backward_dlpack(
         dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, dq=dq, dk=dk, dv=dv,
         deterministic=deterministic, backend=backend, window=window, softcap=softcap,
-        alibi_slopes=alibi_slopes, dropout_p=dropout.p, dropout_seed=dropout.seed,
-        dropout_offset=dropout.offset, dropout_rng_state=dropout_rng_state,
+        alibi_slopes=alibi_slopes, dropout=dropout, dropout_rng_state=dropout_rng_state,
     )
 
 
@@ -136,6 +135,20 @@ def attention_backward_dlpack(
     torch tensors that something watches, and of all cupy and jax calls."""
     dropout = check_dropout(dropout_p, dropout_seed, dropout_offset, dropout_rng_state, draws=False,
                             backward=True)
+    return _backward_dlpack(
+        dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, dq=dq, dk=dk, dv=dv,
+        deterministic=deterministic, backend=backend, window=window, softcap=softcap,
+        alibi_slopes=alibi_slopes, dropout=dropout, dropout_rng_state=dropout_rng_state,
+    )
+
+
+def _backward_dlpack(
+    dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *, causal: bool,
+    softmax_scale: Optional[float], dq: Any, dk: Any, dv: Any, deterministic: bool,
+    backend: Optional[str], window: Sequence[int], softcap: float, alibi_slopes: Any,
+    dropout: Dropout, dropout_rng_state: Any,
+) -> tuple[Any, Any, Any]:
+    """``attention_backward_dlpack`` with its dropout arguments already checked."""
     alloc = _gradient_allocator(q)
     ext = load_extension()
     exported = [export(x) for x in (dout, q, k, v, out, lse)]

@@ -7,7 +7,7 @@ from typing import Any, Optional, Sequence
 
 from ._build_info import load_extension
 from ._dispatch import choose_backend, choose_backward_backend
-from ._dropout import check_dropout
+from ._dropout import Dropout, check_dropout
 from ._frameworks import export
 from ._validate import check_scalars, check_softcap, kernel_window, type_name
 from ._validate_backward import check_backward_flags
@@ -319,12 +319,11 @@ def attention_varlen_backward(
                 window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout=dropout,
                 dropout_rng_state=dropout_rng_state,
             )
-    return attention_varlen_backward_dlpack(
+    return _backward_dlpack(
         dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         seqused_k=seqused_k, causal=causal, softmax_scale=softmax_scale, dq=dq, dk=dk, dv=dv,
         deterministic=deterministic, backend=backend, window=window, softcap=softcap,
-        alibi_slopes=alibi_slopes, dropout_p=dropout.p, dropout_seed=dropout.seed,
-        dropout_offset=dropout.offset, dropout_rng_state=dropout_rng_state,
+        alibi_slopes=alibi_slopes, dropout=dropout, dropout_rng_state=dropout_rng_state,
     )
 
 
@@ -340,6 +339,22 @@ def attention_varlen_backward_dlpack(
     """``attention_varlen_backward`` through DLPack, for every framework."""
     dropout = check_dropout(dropout_p, dropout_seed, dropout_offset, dropout_rng_state, draws=False,
                             backward=True)
+    return _backward_dlpack(
+        dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+        seqused_k=seqused_k, causal=causal, softmax_scale=softmax_scale, dq=dq, dk=dk, dv=dv,
+        deterministic=deterministic, backend=backend, window=window, softcap=softcap,
+        alibi_slopes=alibi_slopes, dropout=dropout, dropout_rng_state=dropout_rng_state,
+    )
+
+
+def _backward_dlpack(
+    dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
+    max_seqlen_q: int, max_seqlen_k: int, *, seqused_k: Any, causal: bool,
+    softmax_scale: Optional[float], dq: Any, dk: Any, dv: Any, deterministic: bool,
+    backend: Optional[str], window: Sequence[int], softcap: float, alibi_slopes: Any,
+    dropout: Dropout, dropout_rng_state: Any,
+) -> tuple[Any, Any, Any]:
+    """``attention_varlen_backward_dlpack`` with its dropout arguments already checked."""
     alloc = _gradient_allocator(q)
     ext = varlen_extension()
     exported = [export(x) for x in (dout, q, k, v, out, lse)]
