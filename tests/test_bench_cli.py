@@ -985,6 +985,40 @@ def test_plot_with_features(tmp_path) -> None:
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_dropout_reference_builds_only_each_slices_mask(monkeypatch) -> None:
+    """--check with --dropout: each (batch, head) slice of the reference gets its own part of
+    the keep mask (the whole mask of a long problem would not fit in memory), and the result
+    is the reference with the whole mask."""
+    torch = pytest.importorskip("torch")
+    import flashcute.reference
+    import flashcute.testing
+    from flashcute.bench.grid import DROPOUT_SEED
+    from flashcute.bench.timing import feature_reference
+
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(3, 9, 6, 16, generator=gen)
+    k = torch.randn(3, 11, 2, 16, generator=gen)
+    v = torch.randn(3, 11, 2, 16, generator=gen)
+    mask = flashcute.testing.dropout_keep_mask(3, 6, 9, 11, 0.25, *DROPOUT_SEED)
+    expected = flashcute.reference.attention(q, k, v, causal=True, dropout_p=0.25,
+                                             dropout_mask=mask).float()
+    built = []
+    slices = flashcute.testing.keep_mask_slices
+
+    def recording(indices, *args, **kwargs):
+        built.append(list(indices))
+        return slices(indices, *args, **kwargs)
+
+    monkeypatch.setattr(flashcute.testing, "keep_mask_slices", recording)
+    monkeypatch.setattr(flashcute.testing, "dropout_keep_mask", None)  # never the whole mask
+    for chunk_bytes, most in ((1, 1), (4 * 9 * 11 * 3, 3), (1 << 30, 9)):
+        built.clear()
+        got = feature_reference(q, k, v, True, dropout=0.25, chunk_bytes=chunk_bytes)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+        assert max(len(b) for b in built) == most
+        assert sorted(i for b in built for i in b) == list(range(18))
+
+
 @pytest.mark.parametrize("seqlen_q,seqlen_k", [(7, 13), (13, 7), (9, 9)])
 def test_feature_reference_slices_like_the_whole(seqlen_q: int, seqlen_k: int) -> None:
     # --check's window/softcap reference, forced to run one (batch, head) slice at a time.

@@ -115,6 +115,45 @@ def test_keep_mask_argument_checks():
         dropout_keep_mask(1, 1, 4, -4, 0.5, 0, 0)
 
 
+@pytest.mark.parametrize("args, error, match", [
+    ((2**63, 0), ValueError, r"^seed: expected an int in \[0, 2\*\*63\)"),
+    ((0, 2**63), ValueError, r"^offset: expected an int in \[0, 2\*\*63\)"),
+    ((-1, 0), ValueError, r"^seed: "),
+    ((1.0, 0), TypeError, r"^seed: "),
+    ((True, 0), TypeError, r"^seed: "),
+    ((None, 0), TypeError, r"^seed: "),
+    ((0, "1"), TypeError, r"^offset: "),
+])
+def test_keep_mask_takes_the_front_doors_seed_range(args, error, match):
+    """seed and offset as dropout_seed and dropout_offset: ints in [0, 2**63), named."""
+    with pytest.raises(error, match=match):
+        dropout_keep_mask(1, 1, 4, 4, 0.5, *args)
+    with pytest.raises(error, match=match):
+        flashcute.testing.keep_mask_slices([0], 4, 4, 0.5, *args)
+    for seed, offset in ((SEED_LIMIT - 1, SEED_LIMIT - 1), (np.int64(5), np.uint32(6))):
+        check_dropout(0.5, seed, offset, None, draws=False)  # the front doors take these too
+        assert dropout_keep_mask(1, 1, 4, 4, 0.5, seed, offset).shape == (1, 1, 4, 4)
+
+
+def test_keep_mask_names_bad_sizes_and_p():
+    with pytest.raises(TypeError, match=r"^batch: "):
+        dropout_keep_mask(2.0, 1, 4, 4, 0.5, 0, 0)
+    with pytest.raises(TypeError, match=r"^dropout_p: "):
+        dropout_keep_mask(1, 1, 4, 4, "0.5", 0, 0)
+    with pytest.raises(TypeError, match=r"^dropout_p: "):
+        dropout_threshold(None)
+
+
+def test_keep_mask_slices_match_the_whole_mask(monkeypatch):
+    """Any (batch, head) slices, computed a few rows at a time, are the whole mask's."""
+    whole = dropout_keep_mask(2, 3, 21, 35, 0.3, 2**62 + 9, 2**40 + 1)
+    monkeypatch.setattr(flashcute.testing, "_BLOCK_CELLS", 40)  # blocks of one row
+    got = flashcute.testing.keep_mask_slices([5, 0, 3], 21, 35, 0.3, 2**62 + 9, 2**40 + 1)
+    assert torch.equal(got, whole.view(6, 21, 35)[[5, 0, 3]])
+    assert torch.equal(dropout_keep_mask(2, 3, 21, 35, 0.3, 2**62 + 9, 2**40 + 1), whole)
+    assert flashcute.testing.keep_mask_slices([1], 3, 5, 0.0, 1, 2).all()
+
+
 # ---------------------------------------------------------------------------------------------
 # The binding's keep bits (flashcute::Dropout, as the kernels build it) against the mask.
 
@@ -137,7 +176,7 @@ def test_binding_keep_bits_match_the_mask(p):
     rng = random.Random(7)
     batch, nheads, seqlen_q, seqlen_k = 2, 3, 37, 45
     for _ in range(3):
-        seed, offset = rng.randrange(2**64), rng.randrange(2**64)
+        seed, offset = rng.randrange(SEED_LIMIT), rng.randrange(SEED_LIMIT)
         mask = dropout_keep_mask(batch, nheads, seqlen_q, seqlen_k, p, seed, offset)
         got = torch.tensor([
             [[keep_bits(i, j, bh, seed, offset, p) >> _bit(i, j) & 1 for j in range(seqlen_k)]
@@ -749,3 +788,146 @@ def test_flash_attn_functions_take_dropout_on_torch_tensors_only():
     cu = np.array([0, 8], dtype=np.int32)
     with pytest.raises(ValueError, match=r"^dropout_p: 0\.1 needs torch tensors here"):
         flashcute.flash_attn_varlen_func(packed, packed, packed, cu, cu, 8, 8, 0.1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Drawing after the checks, once per call; the backward's dropout checks, once per call.
+
+
+class _PassThrough(torch.utils._python_dispatch.TorchDispatchMode):
+    """A dispatch mode that changes nothing: calls under it take the custom-op route."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def _bad_forward_calls():
+    """Forward calls with dropout_p > 0 and no seed whose tensors fail a check (k's head dim),
+    on each torch route; (name, call, expected message)."""
+    q, k, v = _qkv()
+    bad_k = torch.zeros(2, 8, 2, 32, dtype=torch.bfloat16)
+    pq, pk, pv, cu_q, cu_k, max_q, max_k = _packed()
+    bad_pk = torch.zeros(pk.shape[0], pk.shape[1], 32, dtype=torch.bfloat16)
+
+    def under_mode():
+        with _PassThrough():
+            flashcute.attention(q, bad_k, v, dropout_p=0.5)
+
+    def varlen_under_mode():
+        with _PassThrough():
+            flashcute.attention_varlen(pq, bad_pk, pv, cu_q, cu_k, max_q, max_k, dropout_p=0.5)
+
+    gq, gk, gv = _qkv(requires_grad=True)
+    vq, vk, vv, *rest = _packed(requires_grad=True)
+    return [
+        ("direct", lambda: flashcute.attention(q, bad_k, v, dropout_p=0.5)),
+        ("out", lambda: flashcute.attention(q, bad_k, v, out=torch.empty_like(q), dropout_p=0.5)),
+        ("out-bad", lambda: flashcute.attention(q, k, v, out=torch.empty(1), dropout_p=0.5)),
+        ("autograd", lambda: flashcute.attention(gq, bad_k, gv, dropout_p=0.5)),
+        ("custom-op", under_mode),
+        ("varlen", lambda: flashcute.attention_varlen(pq, bad_pk, pv, cu_q, cu_k, max_q, max_k,
+                                                      dropout_p=0.5)),
+        ("varlen-autograd", lambda: flashcute.attention_varlen(vq, bad_pk, vv, *rest,
+                                                               dropout_p=0.5)),
+        ("varlen-custom-op", varlen_under_mode),
+    ]
+
+
+@pytest.mark.parametrize("index", range(8), ids=[c[0] for c in _bad_forward_calls()])
+def test_a_call_that_fails_a_check_draws_nothing(ext, index):
+    """Bad tensors with dropout_p > 0 raise before the rng state is drawn: torch's generator
+    is left as it was (the draw would be on q's device, the CPU here)."""
+    _, call = _bad_forward_calls()[index]
+    before = torch.random.get_rng_state()
+    with pytest.raises((TypeError, ValueError)):
+        call()
+    assert torch.equal(torch.random.get_rng_state(), before)
+    assert ext.of("forward") == []
+
+
+def test_a_good_call_draws_once_and_keeps_one_plan(ext):
+    """A call that passes its checks draws one state (as dropout_rng_state() does after the
+    same seed), and the signature checked before the draw is the one the launch finds."""
+    q, k, v = _qkv()
+    pq, pk, pv, cu_q, cu_k, max_q, max_k = _packed()
+    for call in (lambda: flashcute.attention(q, k, v, dropout_p=0.5),
+                 lambda: flashcute.attention_varlen(pq, pk, pv, cu_q, cu_k, max_q, max_k,
+                                                    dropout_p=0.5)):
+        _torch_direct._plans.clear()
+        ext.calls.clear()
+        torch.manual_seed(9)
+        call()
+        call()
+        after = torch.random.get_rng_state()
+        torch.manual_seed(9)
+        first = flashcute.dropout_rng_state(q.device).tolist()
+        flashcute.dropout_rng_state(q.device)
+        assert torch.equal(torch.random.get_rng_state(), after)
+        assert ext.of("forward")[0]["state"] == first
+        assert len(_torch_direct._plans) == 1
+
+
+def test_each_route_looks_for_a_state_at_most_once(ext, monkeypatch):
+    """The routes draw in the front door: ``rng_state_for`` runs at most once a call (in a
+    custom op, which then finds the state given)."""
+    from flashcute import _dropout, _torch_autograd
+
+    counted = []
+
+    def counting(q, dropout, given):
+        counted.append(given)
+        return _dropout.rng_state_for(q, dropout, given)
+
+    for module in (_torch_ops, _torch_varlen, _torch_autograd):
+        monkeypatch.setattr(module, "rng_state_for", counting, raising=False)
+    q, k, v = _qkv()
+    gq, gk, gv = _qkv(requires_grad=True)
+    pq, pk, pv, cu_q, cu_k, max_q, max_k = _packed()
+
+    def under_mode():
+        with _PassThrough():
+            flashcute.attention(q, k, v, dropout_p=0.5)
+
+    for call in (lambda: flashcute.attention(q, k, v, dropout_p=0.5),
+                 lambda: flashcute.attention(gq, gk, gv, dropout_p=0.5),
+                 lambda: flashcute.attention(q, k, v, out=torch.empty_like(q), dropout_p=0.5),
+                 under_mode,
+                 lambda: flashcute.attention_varlen(pq, pk, pv, cu_q, cu_k, max_q, max_k,
+                                                    dropout_p=0.5),
+                 lambda: flashcute.attention_varlen(*_packed(requires_grad=True), dropout_p=0.5)):
+        counted.clear()
+        call()
+        assert len(counted) <= 1 and all(given is not None for given in counted)
+
+
+def test_backward_checks_dropout_once(ext, monkeypatch):
+    """attention_backward and attention_varlen_backward check their dropout arguments once,
+    on the direct route and on the DLPack route (a dispatch mode watching)."""
+    from flashcute import backward, varlen
+
+    counted = []
+
+    def counting(*args, **kwargs):
+        counted.append(args)
+        return check_dropout(*args, **kwargs)
+
+    for module in (backward, varlen):
+        monkeypatch.setattr(module, "check_dropout", counting)
+    state = _state()
+    grads = _bwd_args()
+    pq, pk, pv, cu_q, cu_k, max_q, max_k = _packed()
+    packed = (torch.randn_like(pq), pq, pk, pv, torch.randn_like(pq),
+              torch.zeros(pq.shape[1], pq.shape[0]), cu_q, cu_k, max_q, max_k)
+    for call in (lambda: flashcute.attention_backward(*grads, dropout_p=0.5,
+                                                      dropout_rng_state=state),
+                 lambda: flashcute.attention_varlen_backward(*packed, dropout_p=0.5,
+                                                             dropout_rng_state=state)):
+        for watched in (False, True):
+            counted.clear()
+            if watched:
+                with _PassThrough():
+                    call()
+            else:
+                call()
+            assert len(counted) == 1
+    assert len(ext.of("backward")) == 4

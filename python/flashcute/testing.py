@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+import numbers
+from typing import Any, Sequence
+
+from ._dropout import SEED_LIMIT, check_dropout_p
 
 _MASK32 = 0xFFFFFFFF
 _MUL0, _MUL1 = 0xD2511F53, 0xCD9E8D57
@@ -34,10 +37,31 @@ def philox4x32_10(counter: tuple[Any, Any, Any, Any], key: tuple[int, int]) -> t
 
 def dropout_threshold(dropout_p: float) -> int:
     """The 16-bit threshold the kernels compare against: a weight is dropped where its random
-    value is below round(dropout_p · 65536)."""
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p: expected a value in [0, 1), got {dropout_p}")
-    return min(round(dropout_p * 65536.0), 65535)
+    value is below round(dropout_p · 65536). ``dropout_p`` as the front doors take it (a float
+    in [0, 1)); TypeError or ValueError naming it otherwise."""
+    return min(round(check_dropout_p(dropout_p) * 65536.0), 65535)
+
+
+def _check_size(name: str, value: Any) -> int:
+    if type(value) is not int and (
+        isinstance(value, bool) or not isinstance(value, numbers.Integral)
+    ):
+        raise TypeError(f"{name}: expected an int >= 0, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name}: expected an int >= 0, got {value}")
+    return int(value)
+
+
+def _check_key(name: str, value: Any) -> int:
+    """``seed`` / ``offset``: the range the front doors take for ``dropout_seed`` /
+    ``dropout_offset``, so that every mask asked for here is one a call can use."""
+    if type(value) is not int and (
+        isinstance(value, bool) or not isinstance(value, numbers.Integral)
+    ):
+        raise TypeError(f"{name}: expected an int in [0, 2**63), got {type(value).__name__}")
+    if not 0 <= value < SEED_LIMIT:
+        raise ValueError(f"{name}: expected an int in [0, 2**63), got {value}")
+    return int(value)
 
 
 def dropout_keep_mask(
@@ -56,32 +80,62 @@ def dropout_keep_mask(
 
     Rows and columns are positions within a sequence; for a variable-length call, ``batch`` is
     the number of sequences, the lengths are the longest ones, and sequence b's weights are
-    ``mask[b, :, :len_q, :len_k]``. The bits follow cpp/dropout.h exactly."""
+    ``mask[b, :, :len_q, :len_k]``. The bits follow cpp/dropout.h exactly.
+
+    ``seed`` and ``offset`` are ints in [0, 2**63), as ``dropout_seed`` and ``dropout_offset``
+    of the front doors; bad arguments raise TypeError or ValueError naming them."""
+    batch, nheads, seqlen_q, seqlen_k = (
+        _check_size(name, value) for name, value in (
+            ("batch", batch), ("nheads", nheads), ("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k))
+    )
+    mask = keep_mask_slices(range(batch * nheads), seqlen_q, seqlen_k, dropout_p, seed, offset,
+                            device)
+    return mask.view(batch, nheads, seqlen_q, seqlen_k)
+
+
+#: Weights per block of rows that ``keep_mask_slices`` computes at once: its int64
+#: temporaries (a dozen or so) stay near this many cells, whatever the sequence lengths.
+_BLOCK_CELLS = 1 << 22
+
+
+def keep_mask_slices(
+    slices: Sequence[int],
+    seqlen_q: int,
+    seqlen_k: int,
+    dropout_p: float,
+    seed: int,
+    offset: int,
+    device: Any = None,
+) -> Any:
+    """The keep masks (len(slices), seqlen_q, seqlen_k) of some (batch, head) slices: slice
+    ``b * nheads + h`` is ``dropout_keep_mask(...)[b, h]``, with the same arguments. For
+    checking part of a problem whose whole mask would not fit in memory."""
     import torch
 
-    for name, value in (("batch", batch), ("nheads", nheads), ("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ValueError(f"{name}: expected an int >= 0, got {value!r}")
-    for name, value in (("seed", seed), ("offset", offset)):
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**64:
-            raise ValueError(f"{name}: expected an int in [0, 2^64), got {value!r}")
+    seqlen_q, seqlen_k = _check_size("seqlen_q", seqlen_q), _check_size("seqlen_k", seqlen_k)
     threshold = dropout_threshold(dropout_p)
-    shape = (batch, nheads, seqlen_q, seqlen_k)
+    seed, offset = _check_key("seed", seed), _check_key("offset", offset)
+    indices = [_check_size("slices", bh) for bh in slices]
+    mask = torch.empty((len(indices), seqlen_q, seqlen_k), dtype=torch.bool, device=device)
     if threshold == 0:
-        return torch.ones(shape, dtype=torch.bool, device=device)
+        return mask.fill_(True)
     i64 = dict(dtype=torch.int64, device=device)
-    rows = torch.arange(seqlen_q, **i64).view(seqlen_q, 1).expand(seqlen_q, seqlen_k)
-    keys = torch.arange(seqlen_k, **i64).view(1, seqlen_k).expand(seqlen_q, seqlen_k)
-    key_group = (keys >> 4 << 2) | ((keys >> 1) & 3)
-    row_group = (rows >> 4 << 3) | (rows & 7)
-    element = ((rows >> 3) & 1) * 4 + ((keys >> 3) & 1) * 2 + (keys & 1)
     key = (seed & _MASK32, ((seed >> 32) ^ (offset >> 32)) & _MASK32)
-    mask = torch.empty((batch * nheads, seqlen_q, seqlen_k), dtype=torch.bool, device=device)
-    for bh in range(batch * nheads):  # one (batch, head) slice at a time bounds the memory
-        words = philox4x32_10(
-            (key_group, row_group, torch.full_like(rows, bh), torch.full_like(rows, offset & _MASK32)), key
-        )
-        word = torch.gather(torch.stack(words), 0, (element >> 1).unsqueeze(0))[0]
-        value = torch.where((element & 1).bool(), word >> 16, word & 0xFFFF)
-        mask[bh] = value >= threshold
-    return mask.view(shape)
+    block = max(1, _BLOCK_CELLS // max(1, seqlen_k))
+    for r0 in range(0, seqlen_q, block):
+        r1 = min(r0 + block, seqlen_q)
+        shape = (r1 - r0, seqlen_k)
+        rows = torch.arange(r0, r1, **i64).view(-1, 1).expand(shape)
+        keys = torch.arange(seqlen_k, **i64).view(1, -1).expand(shape)
+        key_group = (keys >> 4 << 2) | ((keys >> 1) & 3)
+        row_group = (rows >> 4 << 3) | (rows & 7)
+        element = ((rows >> 3) & 1) * 4 + ((keys >> 3) & 1) * 2 + (keys & 1)
+        for i, bh in enumerate(indices):
+            words = philox4x32_10(
+                (key_group, row_group, torch.full_like(rows, bh),
+                 torch.full_like(rows, offset & _MASK32)), key
+            )
+            word = torch.gather(torch.stack(words), 0, (element >> 1).unsqueeze(0))[0]
+            value = torch.where((element & 1).bool(), word >> 16, word & 0xFFFF)
+            mask[i, r0:r1] = value >= threshold
+    return mask

@@ -213,12 +213,14 @@ def feature_reference(
     scores, and leaves the bottom-right alignment intact (slicing query rows
     would not).  With ``alibi``, each head slice takes its slopes of
     :func:`~.impls.alibi_tensor`; with ``dropout``, its slice of the keep mask of
-    :data:`~.grid.DROPOUT_SEED` (``flashcute.testing.dropout_keep_mask``).  Output: float32,
+    :data:`~.grid.DROPOUT_SEED` (``flashcute.testing.keep_mask_slices``), built for that
+    slice alone, so the mask never takes more than the slice's scores.  Output: float32,
     ``(batch, seqlen_q, nheads, hdim)``.
     """
     import torch  # noqa: PLC0415
 
     from flashcute import reference  # noqa: PLC0415 - torch-only module, imported lazily
+    from flashcute.testing import keep_mask_slices  # noqa: PLC0415
 
     batch, seqlen_q, nheads, _ = q.shape
     seqlen_k, nheads_kv = k.shape[1], k.shape[2]
@@ -228,24 +230,25 @@ def feature_reference(
     batches = max(1, chunk_bytes // (per_head * heads)) if heads == group else 1
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     slopes = alibi_tensor(q) if alibi else None
-    keep = None
-    if dropout > 0.0:
-        from flashcute.testing import dropout_keep_mask  # noqa: PLC0415
-
-        keep = dropout_keep_mask(batch, nheads, seqlen_q, seqlen_k, dropout, *DROPOUT_SEED,
-                                 device=q.device)
     with torch.no_grad():
         for b0 in range(0, batch, batches):
             bs = slice(b0, min(b0 + batches, batch))
             for kv_head in range(nheads_kv):
                 for h0 in range(kv_head * group, (kv_head + 1) * group, heads):
                     hs = slice(h0, min(h0 + heads, (kv_head + 1) * group))
+                    keep = None
+                    if dropout > 0.0:  # the slice's mask only: the whole one may not fit
+                        keep = keep_mask_slices(
+                            [b * nheads + h for b in range(bs.start, bs.stop)
+                             for h in range(hs.start, hs.stop)],
+                            seqlen_q, seqlen_k, dropout, *DROPOUT_SEED, device=q.device,
+                        ).view(bs.stop - bs.start, hs.stop - hs.start, seqlen_q, seqlen_k)
                     out[bs, :, hs] = reference.attention(
                         q[bs, :, hs], k[bs, :, kv_head:kv_head + 1],
                         v[bs, :, kv_head:kv_head + 1], causal=causal, window=tuple(window),
                         softcap=softcap, dtype=torch.float32,
                         alibi_slopes=slopes[hs] if slopes is not None else None,
-                        dropout_p=dropout, dropout_mask=keep[bs, hs] if keep is not None else None,
+                        dropout_p=dropout, dropout_mask=keep,
                     )
     return out
 
