@@ -52,104 +52,35 @@ struct Dropout {
     return DropoutKey{threshold, key0, key1, offset_lo}.keep_bits(row, key, bh);
   }
 
-  // Calls f(r, c, kept) for every weight of a thread's accumulator fragment with queries as
-  // rows, in (row, col) view with MaskPolicy::apply's coordinates (row_base + offsets_rc(r, c)
-  // row, col_base + col): rows in pairs (i, i + 8), columns in fours (j, j + 1, j + 8, j + 9),
-  // the last four possibly only (j, j + 1) (an N extent of 8 mod 16), bases 16-aligned apart
-  // from the thread's own offset. One keep_bits() per group.
-  template <class Offsets, class F>
-  CUTE_DEVICE void for_each_weight(Offsets const& offsets_rc, int row_base, int col_base, int bh, F&& f) const {
-    using namespace cute;
-    constexpr int kRows = decltype(size<0>(offsets_rc))::value;
-    constexpr int kCols = decltype(size<1>(offsets_rc))::value;
-    static_assert(kRows % 2 == 0 && kCols % 2 == 0, "expected m16n8-shaped accumulator fragments");
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; r += 2) {
-      CUTE_UNROLL
-      for (int c = 0; c < kCols; c += 4) {
-        const uint32_t bits = keep_bits(row_base + get<0>(offsets_rc(r, c)), col_base + get<1>(offsets_rc(r, c)), bh);
-        CUTE_UNROLL
-        for (int e = 0; e < 8; ++e) {
-          // e = 4·(row bit 3) + 2·(key bit 3) + key bit 0: fragment (r + e/4, c + e%4 reordered)
-          const int rr = r + (e >> 2), cc = c + ((e >> 1) & 1) * 2 + (e & 1);
-          if (cc < kCols) f(rr, cc, bool(bits >> e & 1u));
-        }
-      }
-    }
-  }
-
-  // Zeroes the dropped weights of a thread's accumulator fragment with queries as rows
-  // (coordinates as in for_each_weight). Scaling by `rescale` is left to the caller (on O, dV).
-  template <class Weights, class Offsets>
-  CUTE_DEVICE void apply(Weights& p_rc, Offsets const& offsets_rc, int row_base, int col_base, int bh) const {
-    for_each_weight(offsets_rc, row_base, col_base, bh, [&](int r, int c, bool kept) {
-      if (!kept) p_rc(r, c) = 0.f;
-    });
-  }
-
-  // The keep bits of a fragment with queries as rows (coordinates as in for_each_weight), 8 per
-  // group in group order (row pair major), group g at bits 8·(g % 8) of chunks[g / 8]. Computed
-  // in a rolled loop, so the code holds one Philox body (the forward inlines it beside each of
-  // its key-block loops) and needs its registers once.
-  template <int kRows, int kCols>
-  struct GroupBits {
-    static constexpr int kColGroups = (kCols + 3) / 4;
-    static constexpr int kGroups = kRows / 2 * kColGroups;
-    uint64_t chunks[(kGroups + 7) / 8];
-    // The group bits of fragment rows (r, r + 1) and columns c..c + 3 (r even, c % 4 == 0).
-    CUTE_DEVICE uint32_t of(int r, int c) const {
-      const int g = r / 2 * kColGroups + c / 4;
-      return uint32_t(chunks[g / 8] >> (8 * (g % 8))) & 0xFFu;
-    }
-  };
-  template <class Offsets>
-  CUTE_DEVICE auto group_bits(Offsets const& offsets_rc, int row_base, int col_base, int bh) const {
-    using namespace cute;
-    constexpr int kRows = decltype(size<0>(offsets_rc))::value;
-    constexpr int kCols = decltype(size<1>(offsets_rc))::value;
-    static_assert(kRows % 2 == 0 && kCols % 2 == 0, "expected m16n8-shaped accumulator fragments");
-    using G = GroupBits<kRows, kCols>;
-    G bits;
-    CUTE_UNROLL
-    for (int chunk = 0; chunk < int(sizeof(bits.chunks) / 8); ++chunk) {
-      uint64_t word = 0;
-      constexpr int kGroups = G::kGroups;  // a value: min() would take it by reference
-      const int end = 8 * chunk + 8 < kGroups ? 8 * chunk + 8 : kGroups;
-#pragma unroll 1
-      for (int g = 8 * chunk; g < end; ++g) {
-        const int r = g / G::kColGroups * 2, c = g % G::kColGroups * 4;
-        const uint32_t b = keep_bits(row_base + get<0>(offsets_rc(r, c)), col_base + get<1>(offsets_rc(r, c)), bh);
-        word |= uint64_t(b) << (8 * (g - 8 * chunk));
-      }
-      bits.chunks[chunk] = word;
-    }
-    return bits;
-  }
-
-  // apply() on the weights already converted to a 16-bit type (P as the A operand of P·V; the
-  // fp32 weights are dead by then, which leaves the Philox calls free registers): `p` in the
-  // accumulator's compact layout, whose (r, c) and (r, c + 1), c even, share one 32-bit word.
+  // Zeroes the dropped weights of `p`, weights already converted to a 16-bit type (P as the A
+  // operand of P·V), straight from the Philox words; scaling by `rescale` is left to the caller
+  // (on O). `p` in the accumulator's compact layout, in (row, col) view with MaskPolicy::apply's
+  // coordinates (row_base + offsets_rc(r, c) row, col_base + col): rows in pairs (i, i + 8),
+  // columns in fours (j, j + 1, j + 8, j + 9), bases 16-aligned apart from the thread's own
+  // offset. Word w of a group holds the values of keys (j, j + 1) + 8·(w bit 0) of row
+  // i + 8·(w bit 1) in its halves, and those two weights share one 32-bit register of `p`, so
+  // one SIMD compare gives that register's mask. Unrolled: the registers are indexed statically,
+  // and the group calls interleave.
   template <class Weights16, class Offsets>
-  CUTE_DEVICE void apply_converted(Weights16& p, Offsets const& offsets_rc, int row_base, int col_base, int bh) const {
+  CUTE_DEVICE void apply_words(Weights16& p, Offsets const& offsets_rc, int row_base, int col_base, int bh) const {
     using namespace cute;
     static_assert(sizeof(typename Weights16::value_type) == 2, "expected 16-bit weights");
     constexpr int kRows = decltype(size<0>(offsets_rc))::value;
     constexpr int kCols = decltype(size<1>(offsets_rc))::value;
-    static_assert(kCols % 4 == 0, "expected whole groups of columns (j, j + 1, j + 8, j + 9)");
-    const auto groups = group_bits(offsets_rc, row_base, col_base, bh);
+    static_assert(kRows % 2 == 0 && kCols % 4 == 0, "expected whole groups of columns (j, j + 1, j + 8, j + 9)");
     Tensor words = recast<uint32_t>(p);
     constexpr auto rc = decltype(rowcol_layout(p.layout())){};
+    const uint32_t threshold2 = threshold | threshold << 16;
     CUTE_UNROLL
     for (int r = 0; r < kRows; r += 2) {
       CUTE_UNROLL
       for (int c = 0; c < kCols; c += 4) {
-        const uint32_t bits = groups.of(r, c);
+        const Philox4x32 g = DropoutKey{threshold, key0, key1, offset_lo}.group_words(
+            row_base + get<0>(offsets_rc(r, c)), col_base + get<1>(offsets_rc(r, c)), bh);
+        const uint32_t values[4] = {g.x, g.y, g.z, g.w};
         CUTE_UNROLL
-        for (int e = 0; e < 8; e += 2) {  // keys (j, j + 1) or (j + 8, j + 9) of row i or i + 8
-          const int rr = r + (e >> 2), cc = c + ((e >> 1) & 1) * 2;
-          const uint32_t keep = (bits >> e & 1u) * 0x0000FFFFu | (bits >> (e + 1) & 1u) * 0xFFFF0000u;
-          words(rc(rr, cc) / 2) &= keep;
-        }
+        for (int w = 0; w < 4; ++w)
+          words(rc(r + (w >> 1), c + (w & 1) * 2) / 2) &= __vcmpgeu2(values[w], threshold2);
       }
     }
   }

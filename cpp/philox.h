@@ -22,10 +22,16 @@ FLASHCUTE_HOST_DEVICE Philox4x32 philox4x32_10(uint32_t c0, uint32_t c1, uint32_
 #pragma unroll
 #endif
   for (int round = 0; round < 10; ++round) {
-    const uint64_t p0 = uint64_t(kMul0) * c0;  // one wide multiply gives both halves
-    const uint64_t p1 = uint64_t(kMul1) * c2;
+#if defined(__CUDA_ARCH__)
+    // High and low halves as two 32-bit products: ptxas fuses them into one IMAD.WIDE.U32; a
+    // 64-bit product of widened operands left an add of the zero cross terms per multiply.
+    const uint32_t hi0 = __umulhi(kMul0, c0), lo0 = kMul0 * c0;
+    const uint32_t hi1 = __umulhi(kMul1, c2), lo1 = kMul1 * c2;
+#else
+    const uint64_t p0 = uint64_t(kMul0) * c0, p1 = uint64_t(kMul1) * c2;
     const uint32_t hi0 = uint32_t(p0 >> 32), lo0 = uint32_t(p0);
     const uint32_t hi1 = uint32_t(p1 >> 32), lo1 = uint32_t(p1);
+#endif
     c0 = hi1 ^ c1 ^ k0;
     c1 = lo1;
     c2 = hi0 ^ c3 ^ k1;
@@ -46,12 +52,18 @@ struct DropoutKey {
     return DropoutKey{threshold, uint32_t(seed), uint32_t(seed >> 32) ^ uint32_t(offset >> 32), uint32_t(offset)};
   }
 
+  // The random words of the group holding weight (row, key) of slice `bh` (b · nheads + h):
+  // word w holds the values of bits 2w (low half) and 2w + 1 (high half) of keep_bits().
+  FLASHCUTE_HOST_DEVICE Philox4x32 group_words(int row, int key, int bh) const {
+    const uint32_t key_group = uint32_t(key >> 4) << 2 | (uint32_t(key) >> 1 & 3u);
+    const uint32_t row_group = uint32_t(row >> 4) << 3 | (uint32_t(row) & 7u);
+    return philox4x32_10(key_group, row_group, uint32_t(bh), offset_lo, key0, key1);
+  }
+
   // Keep bits of the group holding weight (row, key) of slice `bh` (b · nheads + h): bit e =
   // 4·(row bit 3) + 2·(key bit 3) + (key bit 0); the other bits select the group.
   FLASHCUTE_HOST_DEVICE uint32_t keep_bits(int row, int key, int bh) const {
-    const uint32_t key_group = uint32_t(key >> 4) << 2 | (uint32_t(key) >> 1 & 3u);
-    const uint32_t row_group = uint32_t(row >> 4) << 3 | (uint32_t(row) & 7u);
-    const Philox4x32 r = philox4x32_10(key_group, row_group, uint32_t(bh), offset_lo, key0, key1);
+    const Philox4x32 r = group_words(row, key, bh);
     const uint32_t hi_threshold = threshold << 16;
     const uint32_t words[4] = {r.x, r.y, r.z, r.w};
     uint32_t bits = 0;

@@ -291,7 +291,7 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
       if constexpr (kGeneral) {
         if (params.dropout_threshold != 0) {  // uniform
           KeepS keep;
-          keep.template draw<false>(Dropout::of(params), score_offsets_rc, m * kBlockM + get<0>(tScS(0)),
+          keep.template draw<false, kHeadDim <= 128 ? 2 : 1>(Dropout::of(params), score_offsets_rc, m * kBlockM + get<0>(tScS(0)),
                                     n0 + get<1>(tScS(0)), batch * params.nheads + h);
           CUTE_UNROLL
           for (int w = 0; w < KeepS::kWords; ++w)

@@ -2,11 +2,11 @@
 // a few registers before the fragment exists and applied once it holds the weights.
 //
 // The Ampere kernels run near the 255-register cap, and some at a register count that sets
-// their CTAs per SM: the Philox calls, unrolled next to a block's scores (Dropout::apply),
+// their CTAs per SM: the Philox calls, unrolled next to a block's scores,
 // raised the forward's count (hd 64, sm80 code: 164 to 190) or spilled it (hd 128, sm90 code).
-// Drawn here instead, in a loop that is not unrolled and before the score GEMM, they need a
-// handful of registers where the fewest are live, and the kept bits (one per weight) are all
-// that waits for the weights.
+// Drawn here instead, in a loop that is not unrolled (a few calls at a time) and before the
+// score GEMM, they need a few registers where the fewest are live, and the kept bits (one per
+// weight) are all that waits for the weights.
 //
 // Fragments in (row, col) view with MaskPolicy::apply's coordinates (row_base +
 // offsets_rc(r, c).row, col_base + offsets_rc(r, c).col): rows r, r + 1 (r even) are query rows
@@ -44,31 +44,43 @@ struct KeepMask {
     return words[bit / 32] >> (bit % 32) & 1u;
   }
 
-  template <bool kWholeGroups, class Offsets>
+  template <bool kWholeGroups, int kIlp = 1, class Offsets>
   CUTE_DEVICE void draw(Dropout const& dropout, Offsets const& offsets_rc, int row_base, int col_base, int bh) {
     using namespace cute;
     static_assert(decltype(size<0>(offsets_rc))::value == kRows && decltype(size<1>(offsets_rc))::value == kCols);
     static_assert(!kWholeGroups || kPairCols % 2 == 0);
+    constexpr int kStep = kWholeGroups ? 2 : 1;  // pairs per call
     CUTE_UNROLL
     for (int w = 0; w < kWords; ++w) {
       const int pairs = kPairs - 8 * w < 8 ? kPairs - 8 * w : 8;
       uint32_t word = 0;
-      // Not unrolled: one Philox call in flight, whatever the fragment's size.
+      // Not unrolled: kIlp Philox calls in flight (their rounds interleave), whatever the
+      // fragment's size.
 #pragma unroll 1
-      for (int q = 0; q < pairs; q += kWholeGroups ? 2 : 1) {
-        const int p = 8 * w + q;
-        const int r = p / kPairCols * 2, c = p % kPairCols * 2;
-        const int row = row_base + get<0>(offsets_rc(r, c));
-        const int key = col_base + get<1>(offsets_rc(r, c));
-        const uint32_t bits = dropout.keep_bits(row, key, bh);
-        // Bit e = 4·(row bit 3) + 2·(key bit 3) + (key bit 0) of the group, to pair order.
-        if constexpr (kWholeGroups) {
-          const uint32_t low = (bits & 3u) | (bits >> 2 & 12u);      // keys j, j + 1
-          const uint32_t high = (bits >> 2 & 3u) | (bits >> 4 & 12u);  // keys j + 8, j + 9
-          word |= (low | high << 4) << (4 * q);
-        } else {
-          const uint32_t half = bits >> (uint32_t(key) >> 2 & 2u);  // this pair's key bit 3
-          word |= ((half & 3u) | (half >> 2 & 12u)) << (4 * q);
+      for (int q0 = 0; q0 < pairs; q0 += kStep * kIlp) {
+        uint32_t bits[kIlp];
+        int keys[kIlp];
+        CUTE_UNROLL
+        for (int k = 0; k < kIlp; ++k) {
+          const int q = q0 + kStep * k < pairs ? q0 + kStep * k : pairs - kStep;
+          const int p = 8 * w + q;
+          const int r = p / kPairCols * 2, c = p % kPairCols * 2;
+          keys[k] = col_base + get<1>(offsets_rc(r, c));
+          bits[k] = dropout.keep_bits(row_base + get<0>(offsets_rc(r, c)), keys[k], bh);
+        }
+        CUTE_UNROLL
+        for (int k = 0; k < kIlp; ++k) {
+          const int q = q0 + kStep * k;
+          if (q >= pairs) continue;
+          // Bit e = 4·(row bit 3) + 2·(key bit 3) + (key bit 0) of the group, to pair order.
+          if constexpr (kWholeGroups) {
+            const uint32_t low = (bits[k] & 3u) | (bits[k] >> 2 & 12u);      // keys j, j + 1
+            const uint32_t high = (bits[k] >> 2 & 3u) | (bits[k] >> 4 & 12u);  // keys j + 8, j + 9
+            word |= (low | high << 4) << (4 * q);
+          } else {
+            const uint32_t half = bits[k] >> (uint32_t(keys[k]) >> 2 & 2u);  // this pair's key bit 3
+            word |= ((half & 3u) | (half >> 2 & 12u)) << (4 * q);
+          }
         }
       }
       words[w] = word;

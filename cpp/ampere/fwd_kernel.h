@@ -223,7 +223,7 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
     // Dropout's keep bits, drawn before the scores take their registers (dropout_fragments.h).
     KeepMaskFor<decltype(score_offsets_rc)> keep;
     if (params.dropout_threshold != 0)  // uniform
-      keep.template draw<true>(Dropout::of(params), score_offsets_rc, thread_row, n_block * kBlockN + thread_col,
+      keep.template draw<true, kHeadDim <= 64 ? 2 : 1>(Dropout::of(params), score_offsets_rc, thread_row, n_block * kBlockN + thread_col,
                                batch * params.nheads + head);
 
     Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});

@@ -37,14 +37,16 @@
 namespace flashcute::hopper {
 
 // Dropout on a key block's weights where it is on, after the row sums took them: the dropped
-// ones leave P, zeroed once converted (the fp32 weights are dead by then). Its state is read
-// from the parameters here, not held. Inlined by force and called beside the block step rather
-// than inside it: there it pushed the step out of line at hd 256 (a call, O spilled around it).
+// ones leave P, zeroed once converted (the fp32 weights are dead by then, which leaves the
+// Philox calls free registers). Its state is read from the parameters here, not held. Called
+// beside the block step rather than inside it: there it pushed the step out of line at hd 256
+// (a call, O spilled around it). Drawn earlier, while the block's GEMMs run, the bits spilled
+// the 3-consumer tiles.
 template <class PRegs, class Offsets>
 CUTE_DEVICE void drop_weights(FwdKernelParams const& args, FwdTile const& tile, PRegs& p_regs,
                               Offsets const& offsets_rc, int row_base, int col_base) {
   if (args.dropout_threshold != 0)
-    Dropout::of(args).apply_converted(p_regs, offsets_rc, row_base, col_base, tile.batch * args.nheads + tile.head);
+    Dropout::of(args).apply_words(p_regs, offsets_rc, row_base, col_base, tile.batch * args.nheads + tile.head);
 }
 
 template <class Traits>
