@@ -13,7 +13,8 @@ with seqlen_q != seqlen_k. Then variable-length batches (``attention_varlen``): 
 and without seqused_k, dropout on some of them, and a fuzzed corpus of offsets and used-key counts that break the rules
 (decreasing, negative, beyond the rows, near 2^31, max_seqlen below the real lengths), which
 the kernels must clamp without touching memory outside the tensors (the values are not checked
-on the host).
+on the host). On the Hopper path, V's own head dim too: the built (head dim, v head dim)
+pairs and a smaller pair that runs on them.
 """
 
 from __future__ import annotations
@@ -108,7 +109,49 @@ def _calls(family: str, forward_from: str | None) -> int:
                         )
                     count += 1
     count += _varlen_calls(family, forward_from, path, built, head_dims, gen)
+    count += _dv_calls(family, forward_from, path, built, gen)
     torch.cuda.synchronize()
+    return count
+
+
+def _dv_calls(family: str, forward_from: str | None, path: str, built: dict,
+              gen: torch.Generator) -> int:
+    """V's own head dim on the built (head dim, v head dim) pairs of the Hopper path, and on
+    (176, 120), which runs on the next larger pair: the odd shapes with every MASKS entry,
+    causal and not; the backward takes each forward's out and lse (the Hopper path's, as only
+    it has the pairs' forward kernels)."""
+    if path != "hopper":
+        return 0
+    dtype = torch.bfloat16 if "bfloat16" in built["dtypes"] else torch.float16
+    pairs = [tuple(pair) for pair in built.get("head_dim_pairs", [])]
+    if not pairs:
+        return 0
+    if any(d >= 176 and d_v >= 120 for d, d_v in pairs):
+        pairs.append((176, 120))
+    count = 0
+    for headdim, headdim_v in sorted(set(pairs)):
+        if "bwd" in family and not any(d >= headdim for d in built["backward_head_dims"]):
+            continue
+        for batch, seqlen_q, seqlen_k in SHAPES:
+            for causal, mask in ((c, m) for c in (False, True) for m in MASKS):
+                def rand(s: int, h: int, d: int) -> torch.Tensor:
+                    return torch.randn(batch, s, h, d, device="cuda", dtype=dtype, generator=gen)
+
+                q, k, v = rand(seqlen_q, 4, headdim), rand(seqlen_k, 2, headdim), rand(seqlen_k, 2, headdim_v)
+                mask = _features(mask, batch, gen)
+                if forward_from == "ampere":
+                    # initcheck (run.sh): the Ampere path has no such forward, and a Hopper-path
+                    # forward's TMA stores count as unwritten there; any finite out and lse
+                    # serve, written by plain stores.
+                    out = rand(seqlen_q, 4, headdim_v)
+                    lse = torch.zeros(batch, 4, seqlen_q, device="cuda", dtype=torch.float32)
+                else:
+                    out, lse = flashcute.attention(q, k, v, causal=causal, return_lse=True,
+                                                   backend="hopper", **mask)
+                if "bwd" in family:
+                    flashcute.attention_backward(rand(seqlen_q, 4, headdim_v), q, k, v, out, lse,
+                                                 causal=causal, backend=path, **mask)
+                count += 1
     return count
 
 
