@@ -245,6 +245,12 @@ class DropoutRecordingExtension(VarlenRecordingExtension):
         self.calls[-1][1].update(_dropout_record(dropout_p, dropout_seed, dropout_offset,
                                                  dropout_rng_state))
 
+    def forward_workspace_size(self, *args, dropout=False, **kwargs):
+        """forward_workspace_size(..., dropout): records whether the query says dropout is on."""
+        size = super().forward_workspace_size(*args, **kwargs)
+        self.calls[-1][1]["dropout"] = dropout
+        return size
+
     def backward(self, *args, dropout_p=0.0, dropout_seed=0, dropout_offset=0,
                  dropout_rng_state=None, **kwargs):
         super().backward(*args, **kwargs)
@@ -931,3 +937,20 @@ def test_backward_checks_dropout_once(ext, monkeypatch):
                 call()
             assert len(counted) == 1
     assert len(ext.of("backward")) == 4
+
+
+# ---------------------------------------------------------------------------------------------
+# The forward's workspace query
+
+
+def test_workspace_query_knows_dropout(ext):
+    """Dropout turns off packed query heads, whose split plan (and workspace) differs: the
+    query says whether dropout is on, on the torch and DLPack routes."""
+    from flashcute.attention import attention_dlpack
+
+    q, k, v = _qkv()
+    flashcute.attention(q, k, v)
+    flashcute.attention(q, k, v, dropout_p=0.1, dropout_seed=1, dropout_offset=2)
+    attention_dlpack(q, k, v, dropout_p=0.3, dropout_seed=1, dropout_offset=2)
+    attention_dlpack(q, k, v)
+    assert [c["dropout"] for c in ext.of("forward_workspace_size")] == [False, True, True, False]

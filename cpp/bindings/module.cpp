@@ -367,13 +367,14 @@ void size_query_varlen(Params& p, int64_t total_q, int64_t total_k, bool seqused
 size_t forward_workspace_size(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t nheads,
                               int64_t nheads_kv, int64_t headdim, const std::string& dtype, bool causal,
                               int backend, int device, int64_t window_left, int64_t window_right, bool alibi,
-                              int64_t total_q, int64_t total_k, bool seqused_k, int64_t headdim_v) {
+                              int64_t total_q, int64_t total_k, bool seqused_k, int64_t headdim_v, bool dropout) {
   auto p = size_query<flashcute::AttentionForwardParams>(batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim,
                                                          dtype, causal, window_left, window_right);
   size_query_varlen(p, total_q, total_k, seqused_k);
   p.headdim_v = headdim_v;
   p.device = device;
   if (alibi) p.alibi_slopes = &kAlibiFlag;
+  if (dropout) p.dropout_p = 0.5f;  // any p > 0: dropout turns off packed query heads, whose plan differs
   size_t bytes = 0;
   raise_on_error(flashcute::attention_forward_workspace_size(p, &bytes, static_cast<flashcute::Backend>(backend)));
   return bytes;
@@ -475,8 +476,10 @@ NB_MODULE(_C, m) {
         nb::arg("dtype"), nb::arg("causal"), nb::arg("backend"), nb::arg("device"),
         nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("alibi") = false,
         nb::arg("total_q") = -1, nb::arg("total_k") = -1, nb::arg("seqused_k") = false, nb::arg("headdim_v") = 0,
+        nb::arg("dropout") = false,
         "Bytes of the optional device workspace the forward can use (0: none); total_q / total_k >= 0 "
-        "for packed sides (seqlen_q / seqlen_k then the longest sequences'); headdim_v: v's (0: headdim).");
+        "for packed sides (seqlen_q / seqlen_k then the longest sequences'); headdim_v: v's (0: headdim); "
+        "dropout: whether dropout_p > 0.");
   m.def("backward", &backward, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
         nb::arg("workspace"), nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("deterministic"),

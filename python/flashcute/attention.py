@@ -308,11 +308,14 @@ def headdim_v_arg(problem: Union[ForwardProblem, VarlenProblem]) -> dict[str, in
 
 def forward_workspace_bytes(ext: Any, problem: ForwardProblem, causal: bool, backend_code: int) -> int:
     """Bytes of the optional forward workspace of a validated problem (0: none); it depends
-    on the mask (causal and window) and on whether ALiBi is on."""
+    on the mask (causal and window) and on whether ALiBi and dropout are on (either turns off
+    packed query heads, whose split plan differs)."""
+    dropout = {"dropout": True} if problem.dropout_p > 0.0 else {}
     return int(ext.forward_workspace_size(
         problem.batch, problem.seqlen_q, problem.seqlen_k, problem.nheads, problem.nheads_kv,
         problem.headdim, problem.dtype, causal, backend_code, problem.device_id,
         problem.window_left, problem.window_right, problem.alibi, **headdim_v_arg(problem),
+        **dropout,
     ))
 
 
