@@ -540,3 +540,25 @@ def test_bad_rng_state_device_is_named(gen):
                                      dropout_rng_state=cpu_state)
     with pytest.raises(ValueError, match=r"^dropout_seed: "):
         flashcute.attention_backward(torch.ones_like(q), q, k, v, out, lse, dropout_p=0.1)
+
+
+@pytest.mark.skipif(not SUPPORT.get("hopper", ([], []))[0] or torch.cuda.get_device_capability() != (9, 0),
+                    reason="the Hopper path's forward splits its last wave")
+def test_workspace_query_with_dropout_plans_unpacked_heads():
+    """Dropout turns off packed query heads: the workspace query with dropout plans as one with
+    ALiBi (which turns them off too), and for GQA calls that pack, unlike one without either."""
+    from flashcute._build_info import load_extension
+
+    ext = load_extension()
+    head_dims, dtypes = SUPPORT["hopper"]
+    headdim = 128 if 128 in head_dims else head_dims[-1]
+    differs = False
+    for batch, seqlen_q, seqlen_k, nheads, nheads_kv in [
+        (4, 64, 8192, 32, 4), (2, 128, 4096, 16, 2), (1, 1000, 3000, 8, 1), (3, 2048, 2048, 16, 16),
+    ]:
+        args = (batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim, dtypes[0], False, ext.BACKEND_HOPPER, -1)
+        plain = ext.forward_workspace_size(*args)
+        with_dropout = ext.forward_workspace_size(*args, dropout=True)
+        assert with_dropout == ext.forward_workspace_size(*args, alibi=True)
+        differs |= with_dropout != plain
+    assert differs, "no shape packs query heads: the check above cannot tell the plans apart"
