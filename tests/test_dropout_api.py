@@ -21,12 +21,12 @@ np = pytest.importorskip("numpy")
 
 import flashcute  # noqa: E402
 import flashcute.testing  # noqa: E402
-from flashcute import _build_info, _frameworks, _torch_direct, _torch_ops, _torch_varlen  # noqa: E402
-from flashcute import _validate, _validate_backward, _validate_varlen  # noqa: E402
+from flashcute import _build_info, _torch_direct, _torch_ops, _torch_varlen  # noqa: E402
+from flashcute import _validate, _validate_backward  # noqa: E402
 from flashcute._dropout import SEED_LIMIT, check_dropout  # noqa: E402
 from flashcute.testing import dropout_keep_mask, dropout_threshold, philox4x32_10  # noqa: E402
 
-from test_varlen_api import VarlenRecordingExtension, _packed, _values  # noqa: E402
+from test_varlen_api import VarlenRecordingExtension, _packed, _values, installed  # noqa: E402
 from test_window_softcap_api import _bwd_args, _qkv  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
@@ -273,21 +273,8 @@ class _OldExtension(DropoutRecordingExtension):
 
 @pytest.fixture
 def ext(monkeypatch):
-    """A DropoutRecordingExtension in place of flashcute._C, CPU tensors passing the device
-    checks, stream 0 as the current stream."""
-    fake = DropoutRecordingExtension()
-    monkeypatch.setattr(_build_info, "_extension", fake)
-    _build_info._cached_build_info.cache_clear()
-    no_check = lambda first, others: None  # noqa: E731
-    for module in (_validate, _validate_backward, _validate_varlen, _torch_ops):
-        monkeypatch.setattr(module, "_check_devices", no_check)
-    monkeypatch.setattr(_torch_direct, "_stream", lambda device: 0)
-    monkeypatch.setattr(_torch_varlen, "_stream", lambda device: 0)
-    monkeypatch.setattr(_frameworks.TorchFramework, "stream", lambda self, like: 0)
-    _torch_direct._plans.clear()
-    yield fake
-    _torch_direct._plans.clear()
-    _build_info._cached_build_info.cache_clear()
+    """A DropoutRecordingExtension in place of flashcute._C (test_varlen_api.installed)."""
+    yield from installed(monkeypatch, DropoutRecordingExtension())
 
 
 def _state(seed=3, offset=4):

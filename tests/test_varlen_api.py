@@ -335,11 +335,9 @@ class VarlenRecordingExtension(RecordingExtension):
         return 48
 
 
-@pytest.fixture
-def ext(monkeypatch):
-    """A VarlenRecordingExtension in place of flashcute._C, CPU tensors passing the device
-    checks, stream 0 as the current stream."""
-    fake = VarlenRecordingExtension()
+def installed(monkeypatch, fake):
+    """Generator for fixtures: `fake` in place of flashcute._C, CPU tensors passing the device
+    checks, stream 0 as the current stream, the routes' plans cleared around the test."""
     monkeypatch.setattr(_build_info, "_extension", fake)
     _build_info._cached_build_info.cache_clear()
     no_check = lambda first, others: None  # noqa: E731
@@ -354,6 +352,12 @@ def ext(monkeypatch):
     _torch_direct._plans.clear()
     _torch_varlen._plans.clear()
     _build_info._cached_build_info.cache_clear()
+
+
+@pytest.fixture
+def ext(monkeypatch):
+    """A VarlenRecordingExtension in place of flashcute._C (``installed``)."""
+    yield from installed(monkeypatch, VarlenRecordingExtension())
 
 
 EXPECTED_OFFSETS = dict(cu_seqlens_q=[0, 3, 3, 8], cu_seqlens_k=[0, 4, 6, 12])
