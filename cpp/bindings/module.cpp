@@ -22,6 +22,9 @@
 #include "fwd_tail_split.h"
 #include "hopper/fwd_config.h"
 #include "hopper/fwd_packed_heads.h"
+#ifdef FLASHCUTE_XLA_FFI
+#include "xla_ffi.h"
+#endif
 
 namespace nb = nanobind;
 
@@ -542,4 +545,7 @@ NB_MODULE(_C, m) {
   m.attr("BACKEND_AUTO") = static_cast<int>(flashcute::Backend::kAuto);
   m.attr("BACKEND_AMPERE") = static_cast<int>(flashcute::Backend::kAmpere);
   m.attr("BACKEND_HOPPER") = static_cast<int>(flashcute::Backend::kHopper);
+#ifdef FLASHCUTE_XLA_FFI
+  add_xla_ffi_targets(m);
+#endif
 }

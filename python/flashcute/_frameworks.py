@@ -208,6 +208,32 @@ class JaxFramework(Framework):
         )
 
 
+class ArraySpec:
+    """An array known only by shape, dtype and CUDA device, dense and row-major: what a traced
+    jax value is when ``flashcute.jax`` checks a call at trace time. It is described like any
+    array, so every front end's checks run on it unchanged."""
+
+    __slots__ = ("shape", "dtype", "device_id")
+
+    def __init__(self, shape: Shape, dtype: str, device_id: int) -> None:
+        self.shape = tuple(int(n) for n in shape)
+        self.dtype = dtype
+        self.device_id = device_id
+
+
+class SpecFramework(Framework):
+    """``ArraySpec``s: described, never allocated or launched."""
+
+    name = "spec"
+
+    def describe(self, x: Any) -> Optional[Description]:
+        strides, step = [], 1
+        for n in reversed(x.shape):
+            strides.append(step)
+            step *= max(n, 1)
+        return 2, x.device_id, x.dtype, x.shape, tuple(reversed(strides))  # 2: kDLCUDA
+
+
 _ADAPTERS: tuple[tuple[str, str, Framework], ...] = (
     ("torch", "Tensor", TorchFramework()),
     ("cupy", "ndarray", CupyFramework()),
@@ -215,7 +241,7 @@ _ADAPTERS: tuple[tuple[str, str, Framework], ...] = (
 )
 
 
-_ADAPTER_OF_TYPE: dict[type, Framework] = {}  # types already recognised
+_ADAPTER_OF_TYPE: dict[type, Framework] = {ArraySpec: SpecFramework()}  # types already recognised
 
 
 def framework_of(x: Any) -> Framework | None:
