@@ -20,121 +20,30 @@ namespace flashcute {
 
 namespace {
 
-// The smallest compiled head dim at least `headdim` among one family's kernels.
-struct SmallestAtLeast {
-  Backend backend;
-  DType dtype;
-  int headdim;
-  int best = 0;
-  void consider(Backend b, DType d, int kernel_headdim) {
-    if (b == backend && d == dtype && kernel_headdim >= headdim && (best == 0 || kernel_headdim < best))
-      best = kernel_headdim;
-  }
-};
-
-// Kernels read and write whole 16-byte chunks of a row where they round the head dim up.
-bool roundable(int headdim) { return headdim > 0 && headdim % 8 == 0; }
-
-// A call's head dim as the kernel lookups take it; one too large for them becomes 0 (none).
-int lookup_headdim(int64_t headdim) { return headdim > 4096 ? 0 : static_cast<int>(headdim); }
-
 // V's head dim (and out's, dout's, dv's): headdim_v, or headdim where it is 0.
 template <class Params>
 int64_t v_headdim(const Params& p) {
   return p.headdim_v == 0 ? p.headdim : p.headdim_v;
 }
 
-}  // namespace
-
-int fwd_kernel_headdim(Backend backend, DType dtype, int headdim) {
-  if (!roundable(headdim)) return 0;
-  SmallestAtLeast pick{backend, dtype, headdim};
-#define FLASHCUTE_CONSIDER_AMPERE_FWD(name, dtype_enum, hd) pick.consider(Backend::kAmpere, DType::dtype_enum, hd);
-  FLASHCUTE_FOR_EACH_AMPERE_FWD(FLASHCUTE_CONSIDER_AMPERE_FWD)
-#undef FLASHCUTE_CONSIDER_AMPERE_FWD
-#define FLASHCUTE_CONSIDER_HOPPER_FWD(name, dtype_enum, hd) pick.consider(Backend::kHopper, DType::dtype_enum, hd);
-  FLASHCUTE_FOR_EACH_HOPPER_FWD(FLASHCUTE_CONSIDER_HOPPER_FWD)
-#undef FLASHCUTE_CONSIDER_HOPPER_FWD
-  return pick.best;
+// What the dispatch policy reads of a call.
+template <class Params>
+KernelQuery query_of(const Params& p) {
+  KernelQuery q;
+  q.headdim = p.headdim;
+  q.headdim_v = v_headdim(p);
+  q.dtype = p.dtype;
+  if constexpr (std::is_same_v<Params, AttentionBackwardParams>) q.backward = true, q.deterministic = p.deterministic;
+  return q;
 }
 
-int bwd_kernel_headdim(Backend backend, DType dtype, int headdim) {
-  if (!roundable(headdim)) return 0;
-  SmallestAtLeast pick{backend, dtype, headdim};
-#define FLASHCUTE_CONSIDER_AMPERE_BWD(name, dtype_enum, hd) pick.consider(Backend::kAmpere, DType::dtype_enum, hd);
-  FLASHCUTE_FOR_EACH_AMPERE_BWD(FLASHCUTE_CONSIDER_AMPERE_BWD)
-#undef FLASHCUTE_CONSIDER_AMPERE_BWD
-#define FLASHCUTE_CONSIDER_HOPPER_BWD(name, dtype_enum, hd) pick.consider(Backend::kHopper, DType::dtype_enum, hd);
-  FLASHCUTE_FOR_EACH_HOPPER_BWD(FLASHCUTE_CONSIDER_HOPPER_BWD)
-#undef FLASHCUTE_CONSIDER_HOPPER_BWD
-  return pick.best;
+// The compiled kernel head dims (d, dv) that run a call on `backend` ({0, 0}: none).
+template <class Params>
+std::pair<int, int> kernel_dims(const Params& p, Backend backend) {
+  const KernelQuery q = query_of(p);
+  auto clamp = [](int64_t d) { return static_cast<int>(std::min<int64_t>(std::max<int64_t>(d, -1), 1 << 20)); };
+  return kernel_head_dims(compiled_kernels(), backend, clamp(q.headdim), clamp(q.headdim_v), q.backward);
 }
-
-FwdLauncher find_fwd_launcher(Backend backend, DType dtype, int headdim) {
-  const int kernel_headdim = fwd_kernel_headdim(backend, dtype, headdim);
-  if (backend == Backend::kAmpere) {
-#define FLASHCUTE_MATCH_AMPERE_FWD(name, dtype_enum, hd) \
-  if (dtype == DType::dtype_enum && kernel_headdim == hd) return &ampere::fwd_##name##_hd##hd;
-    FLASHCUTE_FOR_EACH_AMPERE_FWD(FLASHCUTE_MATCH_AMPERE_FWD)
-#undef FLASHCUTE_MATCH_AMPERE_FWD
-  }
-  if (backend == Backend::kHopper) {
-#define FLASHCUTE_MATCH_HOPPER_FWD(name, dtype_enum, hd) \
-  if (dtype == DType::dtype_enum && kernel_headdim == hd) return &hopper::fwd_##name##_hd##hd;
-    FLASHCUTE_FOR_EACH_HOPPER_FWD(FLASHCUTE_MATCH_HOPPER_FWD)
-#undef FLASHCUTE_MATCH_HOPPER_FWD
-  }
-  return nullptr;
-}
-
-KernelHeadDims fwd_kernel_pair(Backend backend, DType dtype, int headdim, int headdim_v) {
-  KernelHeadDims best{0, 0};
-  if (backend != Backend::kHopper || !roundable(headdim) || !roundable(headdim_v)) return best;
-  auto consider = [&](DType d, int kernel_headdim, int kernel_headdim_v) {
-    if (d != dtype || kernel_headdim < headdim || kernel_headdim_v < headdim_v) return;
-    if (best.headdim == 0 || kernel_headdim + kernel_headdim_v < best.headdim + best.headdim_v)
-      best = KernelHeadDims{kernel_headdim, kernel_headdim_v};
-  };
-#define FLASHCUTE_CONSIDER_HOPPER_FWD_DV(name, dtype_enum, hd, hdv) consider(DType::dtype_enum, hd, hdv);
-  FLASHCUTE_FOR_EACH_HOPPER_FWD_DV(FLASHCUTE_CONSIDER_HOPPER_FWD_DV)
-#undef FLASHCUTE_CONSIDER_HOPPER_FWD_DV
-  (void)consider;
-  return best;
-}
-
-FwdLauncher find_fwd_launcher(Backend backend, DType dtype, int headdim, int headdim_v) {
-  if (headdim_v == headdim) return find_fwd_launcher(backend, dtype, headdim);
-  const KernelHeadDims kernel = fwd_kernel_pair(backend, dtype, headdim, headdim_v);
-#define FLASHCUTE_MATCH_HOPPER_FWD_DV(name, dtype_enum, hd, hdv)                      \
-  if (dtype == DType::dtype_enum && kernel.headdim == hd && kernel.headdim_v == hdv) \
-    return &hopper::fwd_##name##_hd##hd##_dv##hdv;
-  FLASHCUTE_FOR_EACH_HOPPER_FWD_DV(FLASHCUTE_MATCH_HOPPER_FWD_DV)
-#undef FLASHCUTE_MATCH_HOPPER_FWD_DV
-  (void)kernel;
-  return nullptr;
-}
-
-BwdLauncher find_bwd_launcher(Backend backend, DType dtype, int headdim) {
-  const int kernel_headdim = bwd_kernel_headdim(backend, dtype, headdim);
-  if (backend == Backend::kAmpere) {
-#define FLASHCUTE_MATCH_AMPERE_BWD(name, dtype_enum, hd) \
-  if (dtype == DType::dtype_enum && kernel_headdim == hd) return &ampere::bwd_##name##_hd##hd;
-    FLASHCUTE_FOR_EACH_AMPERE_BWD(FLASHCUTE_MATCH_AMPERE_BWD)
-#undef FLASHCUTE_MATCH_AMPERE_BWD
-  }
-  if (backend == Backend::kHopper) {
-#define FLASHCUTE_MATCH_HOPPER_BWD(name, dtype_enum, hd) \
-  if (dtype == DType::dtype_enum && kernel_headdim == hd) return &hopper::bwd_##name##_hd##hd;
-    FLASHCUTE_FOR_EACH_HOPPER_BWD(FLASHCUTE_MATCH_HOPPER_BWD)
-#undef FLASHCUTE_MATCH_HOPPER_BWD
-  }
-  return nullptr;
-}
-
-namespace {
-
-const char* dtype_name(DType dtype) { return dtype == DType::kBFloat16 ? "bfloat16" : "float16"; }
-const char* backend_name(Backend backend) { return backend == Backend::kHopper ? "hopper" : "ampere"; }
 
 Status invalid(const char* msg) { return make_status(StatusCode::kInvalidArgument, "%s", msg); }
 
@@ -381,7 +290,7 @@ int64_t bwd_call_headdim(const AttentionBackwardParams& p) { return std::max(p.h
 // wide as the kernel's head dim (the call's rounded up).
 BwdWorkspace workspace_layout(const AttentionBackwardParams& p, Backend resolved) {
   const bool hopper = resolved == Backend::kHopper;
-  const int kernel_headdim = bwd_kernel_headdim(resolved, p.dtype, lookup_headdim(bwd_call_headdim(p)));
+  const int kernel_headdim = kernel_dims(p, resolved).first;
   return bwd_workspace(p.batch, p.nheads, p.nheads_kv, p.seqlen_q, p.seqlen_k,
                        kernel_headdim > 0 ? kernel_headdim : bwd_call_headdim(p),
                        /*lse_log2=*/hopper, /*dq_accum=*/hopper || !p.deterministic, /*dq_ready=*/hopper,
@@ -537,93 +446,45 @@ Status synchronize_stream(int device, cudaStream_t stream) {
   return cuda_status(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
 }
 
-Backend default_backend(int capability) {
-  const bool hopper_built = sizeof(FLASHCUTE_HOPPER_HEAD_DIMS) > 1;
-  return capability == 90 && hopper_built ? Backend::kHopper : Backend::kAmpere;
+Status choose_kernel(const KernelQuery& query, Backend backend, int capability, KernelChoice* choice) {
+  if (choice == nullptr) return invalid("choice must not be null");
+  return choose_kernel_in(compiled_kernels(), query, backend, capability, choice);
 }
+
+Backend default_backend(int capability) { return default_backend_of(compiled_kernels(), capability); }
 
 namespace {
 
-// The backend that runs the request on this device. kAuto takes the device's default backend,
-// or the Ampere path where the default has no kernel for (dtype, headdim) or where only the
-// Ampere path has one of exactly this head dim (the Hopper path would round it up); a
-// deterministic backward takes the Ampere path (the Hopper path adds dQ with atomics).
+// The path a workspace query sizes for: the one named, or with kAuto the policy's choice on this
+// capability (dispatch_policy.h).
 template <class Params>
-Status resolve_backend(const Params& params, Backend backend, int (*kernel_headdim)(Backend, DType, int),
-                       int capability, Backend* resolved) {
-  constexpr bool kBackward = std::is_same_v<Params, AttentionBackwardParams>;
-  const int headdim = lookup_headdim(params.headdim);
-  bool deterministic = false;
-  if constexpr (kBackward) deterministic = params.deterministic;
-  if (backend == Backend::kAuto) {
-    backend = default_backend(capability);
-    // A V head dim of its own runs only on the Hopper path's pair kernels (find_launcher).
-    if (backend == Backend::kHopper && v_headdim(params) == params.headdim) {
-      const int hopper = kernel_headdim(Backend::kHopper, params.dtype, headdim);
-      if (deterministic || hopper == 0 ||
-          (hopper != headdim && kernel_headdim(Backend::kAmpere, params.dtype, headdim) == headdim))
-        backend = Backend::kAmpere;
-    }
+Status resolve_backend(const Params& params, Backend backend, int capability, Backend* resolved) {
+  if (backend != Backend::kAuto) {
+    *resolved = backend;
+    return Status{};
   }
-  if (backend == Backend::kHopper && deterministic)
-    return make_status(StatusCode::kNotSupported,
-                       "hopper path: its backward adds dQ with atomics and is not bitwise "
-                       "reproducible; deterministic=True runs on the ampere path");
-  *resolved = backend;
+  KernelChoice choice;
+  if (Status s = choose_kernel(query_of(params), Backend::kAuto, capability, &choice); !s.ok()) return s;
+  *resolved = choice.backend;
   return Status{};
 }
 
-// The launcher for the request on this device (see resolve_backend).
+// The launcher of the kernel that runs the request on this device (dispatch_policy.h).
 template <class Params, class Launcher>
-Status find_launcher(const Params& params, Backend backend, Launcher (*find)(Backend, DType, int),
-                     int (*kernel_headdim)(Backend, DType, int), const char* pass, Launcher* launcher,
-                     Backend* resolved) {
+Status find_launcher(const Params& params, Backend backend, Launcher* launcher, Backend* resolved) {
   int capability = 0;
   if (Status s = device_capability(params.device, &capability); !s.ok()) return s;
-  const int headdim = lookup_headdim(params.headdim);
-  if (Status s = resolve_backend(params, backend, kernel_headdim, capability, &backend); !s.ok()) return s;
-  if (backend == Backend::kAmpere && capability < 80)
-    return make_status(StatusCode::kNotSupported,
-                       "the ampere path needs compute capability 8.0 or newer, the device has %d.%d",
-                       capability / 10, capability % 10);
-  if (backend == Backend::kHopper && capability != 90)
-    return make_status(StatusCode::kNotSupported,
-                       "the hopper path needs an sm90 GPU (H100/H200), the device has %d.%d",
-                       capability / 10, capability % 10);
-
-  *resolved = backend;
-  if (v_headdim(params) != params.headdim) {
-    // Only the Hopper path runs calls whose V head dim differs: the forward on a head dim pair
-    // kernel, the backward on a kernel at least as wide as both head dims.
-    const int headdim_v = lookup_headdim(v_headdim(params));
-    *launcher = nullptr;
-    if constexpr (std::is_same_v<Launcher, FwdLauncher>) {
-      *launcher = find_fwd_launcher(backend, params.dtype, headdim, headdim_v);
-    } else if (backend == Backend::kHopper && roundable(headdim) && roundable(headdim_v)) {
-      *launcher = find(backend, params.dtype, std::max(headdim, headdim_v));
-    }
-    if (*launcher == nullptr)
-      return make_status(StatusCode::kNotSupported,
-                         "v: head dim %lld differs from q's %lld; only the hopper path (sm90) runs such calls "
-                         "(%s path, %s %s; hopper forward pairs built: [%s], a backward kernel at least as wide "
-                         "as both head dims: [%s])",
-                         static_cast<long long>(v_headdim(params)), static_cast<long long>(params.headdim),
-                         backend_name(backend), dtype_name(params.dtype), pass, FLASHCUTE_HOPPER_DV_PAIRS,
-                         FLASHCUTE_HOPPER_BWD_HEAD_DIMS);
-    return Status{};
+  KernelChoice choice;
+  if (Status s = choose_kernel(query_of(params), backend, capability, &choice); !s.ok()) return s;
+  *resolved = choice.backend;
+  if constexpr (std::is_same_v<Launcher, FwdLauncher>) {
+    *launcher = find_fwd_launcher(choice.backend, params.dtype, choice.headdim, choice.headdim_v);
+  } else {
+    *launcher = find_bwd_launcher(choice.backend, params.dtype, choice.headdim);
   }
-  *launcher = find(backend, params.dtype, headdim);
-  if (*launcher == nullptr) {
-    const bool hopper = backend == Backend::kHopper;
-    const char* built = std::is_same_v<Launcher, BwdLauncher> && hopper ? FLASHCUTE_HOPPER_BWD_HEAD_DIMS
-                        : hopper                                       ? FLASHCUTE_HOPPER_HEAD_DIMS
-                                                                       : FLASHCUTE_AMPERE_HEAD_DIMS;
-    return make_status(StatusCode::kNotSupported,
-                       "%s path: no %s kernel for headdim %lld and %s in this build (head dims "
-                       "built: [%s]; a multiple of 8 runs on the smallest one at least as large)",
-                       backend_name(backend), pass, static_cast<long long>(params.headdim),
-                       dtype_name(params.dtype), built);
-  }
+  if (*launcher == nullptr)  // the catalogue and the launchers come from the same lists
+    return make_status(StatusCode::kNotSupported, "no launcher for the chosen kernel (head dims %d, %d)",
+                       choice.headdim, choice.headdim_v);
   return Status{};
 }
 
@@ -635,8 +496,7 @@ Status attention_forward(const AttentionForwardParams& given, Backend backend) {
   if (params.batch == 0 || params.seqlen_q == 0 || params.nheads == 0) return Status{};
   FwdLauncher launch = nullptr;
   Backend resolved = backend;
-  if (Status s = find_launcher(params, backend, &find_fwd_launcher, &fwd_kernel_headdim, "forward", &launch,
-                               &resolved); !s.ok())
+  if (Status s = find_launcher(params, backend, &launch, &resolved); !s.ok())
     return s;
   DeviceGuard guard(params.device);
   if (!guard.status().ok()) return guard.status();
@@ -654,15 +514,10 @@ Status attention_forward_workspace_size(const AttentionForwardParams& given, siz
   int capability = 0;
   if (backend == Backend::kAmpere || !device_capability(params.device, &capability).ok()) return Status{};
   Backend resolved = backend;
-  if (Status s = resolve_backend(params, backend, &fwd_kernel_headdim, capability, &resolved); !s.ok()) return s;
+  if (Status s = resolve_backend(params, backend, capability, &resolved); !s.ok()) return s;
   // The split's tiles and state follow the kernel's head dims (a pair kernel's where V's differs).
-  int kernel_headdim = fwd_kernel_headdim(Backend::kHopper, params.dtype, lookup_headdim(params.headdim));
-  int kernel_headdim_v = kernel_headdim;
-  if (v_headdim(params) != params.headdim) {
-    const KernelHeadDims pair = fwd_kernel_pair(Backend::kHopper, params.dtype, lookup_headdim(params.headdim),
-                                                lookup_headdim(v_headdim(params)));
-    kernel_headdim = pair.headdim, kernel_headdim_v = pair.headdim_v;
-  }
+  const auto kernel = kernel_dims(params, Backend::kHopper);
+  const int kernel_headdim = kernel.first, kernel_headdim_v = kernel.second;
   if (resolved != Backend::kHopper || capability != 90 || kernel_headdim == 0) return Status{};
   int device = params.device;
   if (device < 0 && cudaGetDevice(&device) != cudaSuccess) return Status{};
@@ -677,8 +532,7 @@ Status attention_backward_workspace_size(const AttentionBackwardParams& given, s
   if (bytes == nullptr) return invalid("bytes must not be null");
   const AttentionBackwardParams params = bounded(given);
   if (Status s = check_problem(params); !s.ok()) return s;
-  const bool hopper_kernel =
-      bwd_kernel_headdim(Backend::kHopper, params.dtype, lookup_headdim(bwd_call_headdim(params))) > 0;
+  const bool hopper_kernel = kernel_dims(params, Backend::kHopper).first > 0;
   // kAuto follows the device; without a usable device, the larger of the two layouts (their
   // kernels' head dims may differ).
   int capability = 0;
@@ -688,7 +542,7 @@ Status attention_backward_workspace_size(const AttentionBackwardParams& given, s
     return Status{};
   }
   Backend resolved = backend;
-  if (Status s = resolve_backend(params, backend, &bwd_kernel_headdim, capability, &resolved); !s.ok()) return s;
+  if (Status s = resolve_backend(params, backend, capability, &resolved); !s.ok()) return s;
   if (resolved == Backend::kHopper && !hopper_kernel) resolved = Backend::kAmpere;
   *bytes = workspace_layout(params, resolved).bytes;
   return Status{};
@@ -701,8 +555,7 @@ Status attention_backward(const AttentionBackwardParams& given, Backend backend)
     return Status{};
   BwdLauncher launch = nullptr;
   Backend resolved = backend;
-  if (Status s = find_launcher(params, backend, &find_bwd_launcher, &bwd_kernel_headdim, "backward", &launch,
-                               &resolved); !s.ok())
+  if (Status s = find_launcher(params, backend, &launch, &resolved); !s.ok())
     return s;
   if (Status s = check_workspace(params, resolved); !s.ok()) return s;
   DeviceGuard guard(params.device);

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include "build_config.h"
+#include "dispatch_policy.h"
 #include "flashcute/flashcute.h"
 #include "kernel_params.h"
 
@@ -41,26 +42,12 @@ FLASHCUTE_FOR_EACH_HOPPER_FWD_DV(FLASHCUTE_DECLARE_HOPPER_FWD_DV)
 #undef FLASHCUTE_DECLARE_HOPPER_FWD_DV
 }  // namespace hopper
 
-// A compiled kernel's head dims: Q·Kᵀ's and V's (0, 0: none).
-struct KernelHeadDims {
-  int headdim, headdim_v;
-};
+// The kernels this build compiled, as the dispatch policy reads them (dispatch_policy.h).
+const KernelCatalogue& compiled_kernels();
 
-// The kernel that runs a call whose V head dim `headdim_v` differs from `headdim` (a head dim
-// pair kernel of the Hopper path): the pair with the smallest head dims at least the call's,
-// both multiples of 8; {0, 0} if none.
-KernelHeadDims fwd_kernel_pair(Backend backend, DType dtype, int headdim, int headdim_v);
-
-// The head dim of the compiled kernel that runs a call of head dim `headdim` on (backend,
-// dtype): the smallest one at least `headdim`, which then reads and writes only `headdim`
-// columns; 0 if none, or if `headdim` is not a positive multiple of 8.
-int fwd_kernel_headdim(Backend backend, DType dtype, int headdim);
-int bwd_kernel_headdim(Backend backend, DType dtype, int headdim);
-
-// The compiled launchers for (backend, dtype, headdim), the head dim rounded up as above, or
-// nullptr. With headdim_v != headdim: the pair kernel (fwd_kernel_pair), or nullptr.
-FwdLauncher find_fwd_launcher(Backend backend, DType dtype, int headdim);
-FwdLauncher find_fwd_launcher(Backend backend, DType dtype, int headdim, int headdim_v);
-BwdLauncher find_bwd_launcher(Backend backend, DType dtype, int headdim);
+// The launcher of the compiled kernel of exactly these head dims (a head dim pair kernel of the
+// Hopper path where they differ), or nullptr; dispatch_policy.h picks the head dims.
+FwdLauncher find_fwd_launcher(Backend backend, DType dtype, int kernel_headdim, int kernel_headdim_v);
+BwdLauncher find_bwd_launcher(Backend backend, DType dtype, int kernel_headdim);
 
 }  // namespace flashcute

@@ -11,7 +11,6 @@ extension was compiled with; GPU results are in tests/test_gpu_dv.py.
 from __future__ import annotations
 
 import math
-import types
 
 import pytest
 
@@ -21,6 +20,7 @@ torch = pytest.importorskip("torch")
 import flashcute  # noqa: E402
 from flashcute import _dispatch, reference  # noqa: E402
 from flashcute._validate_varlen import validate_varlen, validate_varlen_backward  # noqa: E402
+from dispatch_stand_in import stand_in_extension  # noqa: E402
 
 DEVICE_ERROR = r"^q: expected a CUDA tensor, got a CPU tensor"
 AMPERE, HOPPER = 1, 2
@@ -45,13 +45,10 @@ def build(monkeypatch):
     def head_dim_pairs(backend):
         return [list(pair) for pair in built["pairs"]] if backend == "hopper" else []
 
-    ext = types.SimpleNamespace(
-        BACKEND_AMPERE=AMPERE, BACKEND_HOPPER=HOPPER,
-        default_backend=lambda capability: "hopper" if capability == 90 else "ampere",
-    )
     monkeypatch.setattr(_dispatch, "backend_support", backend_support)
     monkeypatch.setattr(_dispatch, "head_dim_pairs", head_dim_pairs)
-    monkeypatch.setattr(_dispatch, "load_extension", lambda: ext)
+    monkeypatch.setattr(_dispatch, "load_extension",
+                        lambda: stand_in_extension(built, ["float16", "bfloat16"]))
     return built
 
 

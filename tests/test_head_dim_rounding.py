@@ -5,8 +5,6 @@ other path compiles exactly keeps running there)."""
 
 from __future__ import annotations
 
-import types
-
 import pytest
 
 pytest.importorskip("flashcute._C")
@@ -14,6 +12,7 @@ torch = pytest.importorskip("torch")
 
 import flashcute  # noqa: E402
 from flashcute import _dispatch  # noqa: E402
+from dispatch_stand_in import stand_in_extension  # noqa: E402
 
 DEVICE_ERROR = r"^q: expected a CUDA tensor, got a CPU tensor"
 
@@ -65,12 +64,8 @@ def build(monkeypatch):
         dims = head_dims[(backend, backward)]
         return list(dims), ["bfloat16"] if dims else []
 
-    ext = types.SimpleNamespace(
-        BACKEND_AMPERE=1, BACKEND_HOPPER=2,
-        default_backend=lambda capability: "hopper" if capability == 90 else "ampere",
-    )
     monkeypatch.setattr(_dispatch, "backend_support", backend_support)
-    monkeypatch.setattr(_dispatch, "load_extension", lambda: ext)
+    monkeypatch.setattr(_dispatch, "load_extension", lambda: stand_in_extension(head_dims, ["bfloat16"]))
     return head_dims
 
 

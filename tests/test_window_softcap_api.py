@@ -268,6 +268,23 @@ class RecordingExtension:
     def default_backend(self, capability):
         return "hopper" if capability == 90 else "ampere"
 
+    def choose_kernel(self, backend, capability, headdim, headdim_v=0, dtype="", backward=False,
+                      deterministic=False):
+        """The library's dispatch policy on this stand-in's build (its own backend codes)."""
+        from flashcute import _C
+
+        info = self.build_info()
+        build = {path: {"head_dims": [int(d) for d in info[f"{path}_head_dims"].split(";")],
+                        "backward_head_dims": [int(d) for d in info.get(
+                            f"{path}_backward_head_dims", info[f"{path}_head_dims"]).split(";")],
+                        "dtypes": info[f"{path}_dtypes"].split(";")}
+                 for path in ("ampere", "hopper")}
+        ours = (self.BACKEND_AUTO, self.BACKEND_AMPERE, self.BACKEND_HOPPER)
+        real = (_C.BACKEND_AUTO, _C.BACKEND_AMPERE, _C.BACKEND_HOPPER)
+        code, d, dv = _C._choose_kernel_in(build, real[ours.index(backend)], capability, headdim,
+                                           headdim_v, dtype, backward, deterministic)
+        return ours[real.index(code)], d, dv
+
     def forward(self, q, k, v, out, lse, softmax_scale, causal, backend, stream, workspace=None,
                 window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None):
         self.calls.append(("forward", dict(softmax_scale=softmax_scale, causal=causal,

@@ -17,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "dispatch_policy.h"
 #include "philox.h"
 #include "flashcute/flashcute.h"
 #include "fwd_tail_split.h"
@@ -452,6 +453,60 @@ uint32_t dropout_keep_bits(int row, int key, int bh, uint64_t seed, uint64_t off
   return flashcute::DropoutKey::of(kept, seed, offset).keep_bits(row, key, bh);
 }
 
+// A dispatch query from the front ends' values: dtype "" asks about the path alone.
+flashcute::KernelQuery kernel_query(int64_t headdim, int64_t headdim_v, const std::string& dtype, bool backward,
+                                    bool deterministic) {
+  flashcute::KernelQuery q;
+  q.headdim = headdim, q.headdim_v = headdim_v, q.backward = backward, q.deterministic = deterministic;
+  q.any_dtype = dtype.empty();
+  if (!q.any_dtype && dtype != "float16" && dtype != "bfloat16")
+    throw nb::value_error(("dtype: expected 'float16', 'bfloat16' or '', got '" + dtype + "'").c_str());
+  q.dtype = dtype == "bfloat16" ? flashcute::DType::kBFloat16 : flashcute::DType::kFloat16;
+  return q;
+}
+
+// (backend, kernel head dim, kernel V head dim) that run a call: the library's dispatch policy.
+std::tuple<int, int, int> choose_kernel(int backend, int capability, int64_t headdim, int64_t headdim_v,
+                                        const std::string& dtype, bool backward, bool deterministic) {
+  flashcute::KernelChoice choice;
+  raise_on_error(flashcute::choose_kernel(kernel_query(headdim, headdim_v, dtype, backward, deterministic),
+                                          static_cast<flashcute::Backend>(backend), capability, &choice));
+  return {static_cast<int>(choice.backend), choice.headdim, choice.headdim_v};
+}
+
+// A stand-in build's catalogue, for tests of the policy: {"ampere": {...}, "hopper": {...}} with
+// head_dims, backward_head_dims, dtypes and pairs ([d, dv] lists) per path.
+flashcute::KernelCatalogue catalogue_of(const nb::dict& build) {
+  flashcute::KernelCatalogue c;
+  for (auto [name, family] : {std::pair<const char*, flashcute::KernelFamily*>{"ampere", &c.ampere},
+                              {"hopper", &c.hopper}}) {
+    if (!build.contains(name)) continue;
+    const nb::dict f = nb::cast<nb::dict>(build[name]);
+    auto ints = [&](const char* key) {
+      return f.contains(key) ? nb::cast<std::vector<int>>(f[key]) : std::vector<int>{};
+    };
+    family->head_dims = ints("head_dims");
+    family->backward_head_dims = ints("backward_head_dims");
+    if (f.contains("dtypes"))
+      for (const std::string& t : nb::cast<std::vector<std::string>>(f["dtypes"]))
+        family->dtypes.push_back(t == "bfloat16" ? flashcute::DType::kBFloat16 : flashcute::DType::kFloat16);
+    if (f.contains("pairs"))
+      for (const auto& pair : nb::cast<std::vector<std::vector<int>>>(f["pairs"]))
+        family->pairs.emplace_back(pair.at(0), pair.at(1));
+  }
+  return c;
+}
+
+std::tuple<int, int, int> choose_kernel_in(const nb::dict& build, int backend, int capability, int64_t headdim,
+                                           int64_t headdim_v, const std::string& dtype, bool backward,
+                                           bool deterministic) {
+  flashcute::KernelChoice choice;
+  raise_on_error(flashcute::choose_kernel_in(catalogue_of(build),
+                                             kernel_query(headdim, headdim_v, dtype, backward, deterministic),
+                                             static_cast<flashcute::Backend>(backend), capability, &choice));
+  return {static_cast<int>(choice.backend), choice.headdim, choice.headdim_v};
+}
+
 int device_capability(int device) {
   int capability = 0;
   raise_on_error(flashcute::device_capability(device, &capability));
@@ -511,6 +566,15 @@ NB_MODULE(_C, m) {
         nb::arg("offset"), nb::arg("dropout_p"),
         "Test hook: the 8 keep bits (bit e: 4 * row bit 3 + 2 * key bit 3 + key bit 0) of the dropout group "
         "holding weight (row, key) of slice bh = b * nheads + h.");
+  m.def("choose_kernel", &choose_kernel, nb::arg("backend"), nb::arg("capability"), nb::arg("headdim"),
+        nb::arg("headdim_v") = 0, nb::arg("dtype") = "", nb::arg("backward") = false,
+        nb::arg("deterministic") = false,
+        "(backend, kernel head dim, kernel v head dim) that run a call on a GPU of this capability: the "
+        "library's dispatch decision (headdim 0 / dtype '': any). ValueError names what no kernel runs; "
+        "RuntimeError: a GPU older than sm80.");
+  m.def("_choose_kernel_in", &choose_kernel_in, nb::arg("build"), nb::arg("backend"), nb::arg("capability"),
+        nb::arg("headdim"), nb::arg("headdim_v") = 0, nb::arg("dtype") = "", nb::arg("backward") = false,
+        nb::arg("deterministic") = false, "Test hook: choose_kernel on a stand-in build's catalogue.");
   m.def("device_capability", &device_capability, nb::arg("device"),
         "Compute capability of a CUDA device as major*10+minor.");
   m.def(

@@ -202,6 +202,30 @@ FLASHCUTE_API Status attention_backward_workspace_size(const AttentionBackwardPa
 FLASHCUTE_API Status attention_backward(const AttentionBackwardParams& params,
                                         Backend backend = Backend::kAuto);
 
+// What dispatch reads of a call: its head dims, dtype and, for a backward, `deterministic`.
+struct KernelQuery {
+  int64_t headdim = 0;    // q's and k's; 0: any (asks about the path alone)
+  int64_t headdim_v = 0;  // v's; 0: headdim
+  DType dtype = DType::kFloat16;
+  bool any_dtype = false;  // true: dtype is not asked about
+  bool backward = false;
+  bool deterministic = false;  // backward only
+};
+
+// The compiled kernel that runs a call.
+struct KernelChoice {
+  Backend backend = Backend::kAuto;  // kAmpere or kHopper
+  int headdim = 0;                   // the kernel's head dim: the call's, rounded up
+  int headdim_v = 0;                 // the kernel's V head dim
+};
+
+// Which path and kernel run a call when `backend` is requested on a GPU of compute capability
+// `capability` (major * 10 + minor): the one decision attention_forward, attention_backward and
+// the workspace queries take on such a GPU, for front ends to ask rather than repeat. Reads no
+// device. kNotSupported says why nothing runs the call, naming the argument (backend, v, head
+// dim or dtype); kNoDevice: a GPU older than sm80 with kAuto.
+FLASHCUTE_API Status choose_kernel(const KernelQuery& query, Backend backend, int capability, KernelChoice* choice);
+
 // Compute capability of `device` as major * 10 + minor, in *capability.
 FLASHCUTE_API Status device_capability(int device, int* capability);
 

@@ -1,0 +1,251 @@
+// Which kernel runs a call: the one dispatch policy behind attention_forward, attention_backward,
+// their workspace queries and every front end (through choose_kernel). Pure: it reads a
+// catalogue of compiled kernels and a compute capability, never the device, so tests can run it
+// on stand-in builds. Messages name the argument that decides, as the front ends raise them.
+#pragma once
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "flashcute/flashcute.h"
+#include "launch_status.h"
+
+namespace flashcute {
+
+// One path's compiled kernels.
+struct KernelFamily {
+  std::vector<int> head_dims;           // forward
+  std::vector<int> backward_head_dims;  // backward
+  std::vector<DType> dtypes;
+  std::vector<std::pair<int, int>> pairs;  // forward (head dim, V head dim) kernels, d != dv
+};
+
+struct KernelCatalogue {
+  KernelFamily ampere, hopper;
+  const KernelFamily& of(Backend b) const { return b == Backend::kHopper ? hopper : ampere; }
+};
+
+namespace dispatch_detail {
+
+inline const char* name(Backend b) { return b == Backend::kHopper ? "hopper" : "ampere"; }
+inline const char* title(Backend b) { return b == Backend::kHopper ? "Hopper" : "Ampere"; }
+inline const char* dtype_name(DType d) { return d == DType::kBFloat16 ? "bfloat16" : "float16"; }
+inline Backend other(Backend b) { return b == Backend::kHopper ? Backend::kAmpere : Backend::kHopper; }
+
+// sm90a kernels run on sm90 only; the Ampere path on sm80 and newer.
+inline bool runs_on(Backend b, int capability) {
+  return b == Backend::kHopper ? capability == 90 : capability >= 80;
+}
+
+inline std::string sm(int capability) { return "sm" + std::to_string(capability); }
+
+inline std::string join(const std::vector<int>& values) {
+  std::string s;
+  for (int v : values) s += (s.empty() ? "" : ", ") + std::to_string(v);
+  return s;
+}
+
+inline const std::vector<int>& dims(const KernelCatalogue& c, Backend b, bool backward) {
+  return backward ? c.of(b).backward_head_dims : c.of(b).head_dims;
+}
+
+// The smallest compiled head dim at least `headdim` (a positive multiple of 8), or 0.
+inline int smallest_at_least(const std::vector<int>& compiled, int headdim) {
+  if (headdim <= 0 || headdim % 8 != 0) return 0;
+  int best = 0;
+  for (int d : compiled)
+    if (d >= headdim && (best == 0 || d < best)) best = d;
+  return best;
+}
+
+inline bool exact(const KernelCatalogue& c, Backend b, int headdim, bool backward) {
+  const auto& d = dims(c, b, backward);
+  return headdim == 0 || std::find(d.begin(), d.end(), headdim) != d.end();
+}
+
+// Why path `b` cannot run this head dim and dtype in this build, or "" if it can.
+inline std::string not_compiled(const KernelCatalogue& c, Backend b, const KernelQuery& r, bool check_headdim) {
+  const auto& d = dims(c, b, r.backward);
+  const char* what = r.backward ? "backward " : "";
+  if (d.empty() || c.of(b).dtypes.empty())
+    return std::string("the ") + title(b) + " path has no " + what + "kernels in this build";
+  if (check_headdim && r.headdim != 0 && (r.headdim < 0 || r.headdim % 8 != 0))
+    return "head dim " + std::to_string(r.headdim) + " is not a positive multiple of 8";
+  if (check_headdim && r.headdim != 0 && smallest_at_least(d, r.headdim) == 0)
+    return "head dim " + std::to_string(r.headdim) + " has no " + what + "kernel in this build (compiled: " +
+           join(d) + "; a head dim runs on the smallest compiled one at least as large)";
+  const auto& types = c.of(b).dtypes;
+  if (!r.any_dtype && std::find(types.begin(), types.end(), r.dtype) == types.end()) {
+    std::string compiled;
+    for (DType t : types) compiled += (compiled.empty() ? "" : ", ") + std::string(dtype_name(t));
+    return std::string("dtype ") + dtype_name(r.dtype) + " is not compiled in this build (compiled: " + compiled + ")";
+  }
+  return "";
+}
+
+inline Status refuse(const std::string& message) { return make_status(StatusCode::kNotSupported, "%s", message.c_str()); }
+
+}  // namespace dispatch_detail
+
+// The default path on a GPU of `capability`: the Hopper path on sm90 where it was built.
+inline Backend default_backend_of(const KernelCatalogue& c, int capability) {
+  return capability == 90 && !c.hopper.head_dims.empty() ? Backend::kHopper : Backend::kAmpere;
+}
+
+// The kernel head dims (d, dv) that run a call on path `b`, or {0, 0}. Forward pairs: the pair
+// kernel at least as large in both with the smallest sum; a backward whose V head dim differs
+// runs on the backward kernel at least as large as both.
+inline std::pair<int, int> kernel_head_dims(const KernelCatalogue& c, Backend b, int headdim, int headdim_v,
+                                            bool backward) {
+  using namespace dispatch_detail;
+  if (headdim_v == 0 || headdim_v == headdim) {
+    const int k = smallest_at_least(dims(c, b, backward), headdim);
+    return {k, k};
+  }
+  if (backward) {
+    const int k = smallest_at_least(dims(c, b, true), std::max(headdim, headdim_v));
+    return {k, k};
+  }
+  if (smallest_at_least({headdim}, headdim) == 0 || smallest_at_least({headdim_v}, headdim_v) == 0) return {0, 0};
+  std::pair<int, int> best{0, 0};
+  for (const auto& p : c.of(b).pairs)
+    if (p.first >= headdim && p.second >= headdim_v &&
+        (best.first == 0 || p.first + p.second < best.first + best.second ||
+         (p.first + p.second == best.first + best.second && p < best)))
+      best = p;
+  return best;
+}
+
+namespace dispatch_detail {
+
+// What the Hopper path compiles for calls whose V head dim differs, for messages.
+inline std::string pairs_text(const KernelCatalogue& c, bool backward) {
+  if (backward) {
+    const auto& d = c.hopper.backward_head_dims;
+    return "backward head dims " + (d.empty() ? std::string("none") : join(d)) +
+           ", one at least as large as both head dims";
+  }
+  std::string s;
+  for (const auto& p : c.hopper.pairs)
+    s += (s.empty() ? "" : ", ") + ("(" + std::to_string(p.first) + ", " + std::to_string(p.second) + ")");
+  return "pairs " + (s.empty() ? std::string("none") : s);
+}
+
+// A call whose V head dim differs from q's: only the Hopper path's kernels run it, on sm90.
+inline Status choose_pair(const KernelCatalogue& c, const KernelQuery& r, Backend requested, int capability,
+                          Backend* chosen) {
+  const std::string what = "v: head dim " + std::to_string(r.headdim_v) + " differs from q's and k's " +
+                           std::to_string(r.headdim) + "; only the Hopper path runs such calls (compiled: " +
+                           pairs_text(c, r.backward) + ")";
+  if (requested == Backend::kAmpere) return refuse(what + ", not backend='ampere'");
+  if (!runs_on(Backend::kHopper, capability)) return refuse(what + ", on an sm90 GPU; this is " + sm(capability));
+  if (kernel_head_dims(c, Backend::kHopper, r.headdim, r.headdim_v, r.backward).first == 0)
+    return refuse(what + "; this build has none for (" + std::to_string(r.headdim) + ", " +
+                  std::to_string(r.headdim_v) + ")");
+  if (std::string why = not_compiled(c, Backend::kHopper, r, false); !why.empty())
+    return refuse("backend='hopper': " + why);
+  *chosen = Backend::kHopper;
+  return Status{};
+}
+
+inline Status too_old(int capability) {
+  return make_status(StatusCode::kNoDevice, "flashcute needs an sm80 or newer GPU (Ampere, Ada, Hopper); this is %s",
+                     sm(capability).c_str());
+}
+
+inline Status choose_forward(const KernelCatalogue& c, const KernelQuery& r, Backend requested, int capability,
+                             Backend* chosen) {
+  if (requested == Backend::kAuto && capability < 80) return too_old(capability);
+  if (r.headdim != 0 && r.headdim_v != 0 && r.headdim_v != r.headdim)
+    return choose_pair(c, r, requested, capability, chosen);
+  if (requested == Backend::kAuto) {
+    // The default path, else the other; a path compiling the head dim exactly beats rounding up.
+    const Backend preferred = default_backend_of(c, capability);
+    const Backend candidates[] = {preferred, other(preferred)};
+    bool any = false;
+    for (Backend b : candidates) {
+      if (!runs_on(b, capability) || !not_compiled(c, b, r, true).empty()) continue;
+      if (!any) *chosen = b;
+      any = true;
+      if (exact(c, b, r.headdim, r.backward)) {
+        *chosen = b;
+        return Status{};
+      }
+    }
+    if (any) return Status{};
+    return refuse(std::string("backend='") + name(preferred) + "' (the default on " + sm(capability) +
+                  "): " + not_compiled(c, preferred, r, true));
+  }
+  KernelQuery any = r;  // first: whether the path has kernels at all
+  any.any_dtype = true;
+  std::string why = not_compiled(c, requested, any, false);
+  if (why.empty() && !runs_on(requested, capability))
+    why = std::string("requires ") + (requested == Backend::kHopper ? "an sm90 GPU" : "an sm80 or newer GPU") +
+          ", this is " + sm(capability);
+  if (why.empty()) why = not_compiled(c, requested, r, true);
+  if (!why.empty()) return refuse(std::string("backend='") + name(requested) + "': " + why);
+  *chosen = requested;
+  return Status{};
+}
+
+// The backward: the Hopper path on sm90 where it compiles the head dim (rounded up) and dtype,
+// unless only the Ampere path compiles it exactly; deterministic calls on the Ampere path, whose
+// atomic-free design alone is bitwise reproducible.
+inline Status choose_backward(const KernelCatalogue& c, const KernelQuery& r, Backend requested, int capability,
+                              Backend* chosen) {
+  if (r.headdim_v != 0 && r.headdim_v != r.headdim) {
+    if (requested == Backend::kAuto && capability < 80) return too_old(capability);
+    if (r.deterministic && requested != Backend::kHopper)
+      return refuse("v: head dim " + std::to_string(r.headdim_v) + " differs from q's and k's " +
+                    std::to_string(r.headdim) +
+                    "; only the Hopper-path backward runs such calls, which adds dQ with atomics: "
+                    "deterministic=True has no kernel for them");
+    if (!r.deterministic) return choose_pair(c, r, requested, capability, chosen);
+  }
+  if (requested == Backend::kHopper) {
+    if (r.deterministic)
+      return refuse("backend='hopper': its backward adds dQ with atomics and is not bitwise reproducible; "
+                    "deterministic=True runs on backend=None or 'ampere'");
+    std::string why = runs_on(Backend::kHopper, capability) ? "" : "requires an sm90 GPU, this is " + sm(capability);
+    if (why.empty()) why = not_compiled(c, Backend::kHopper, r, true);
+    if (!why.empty()) return refuse("backend='hopper': " + why);
+    *chosen = Backend::kHopper;
+    return Status{};
+  }
+  if (requested == Backend::kAuto && capability < 80) return too_old(capability);
+  if (requested == Backend::kAuto && !r.deterministic && runs_on(Backend::kHopper, capability) &&
+      default_backend_of(c, capability) == Backend::kHopper && not_compiled(c, Backend::kHopper, r, true).empty() &&
+      (exact(c, Backend::kHopper, r.headdim, true) || !exact(c, Backend::kAmpere, r.headdim, true) ||
+       !not_compiled(c, Backend::kAmpere, r, true).empty())) {
+    *chosen = Backend::kHopper;
+    return Status{};
+  }
+  KernelQuery forward = r;  // the Ampere path's backward compiles its forward's head dims
+  forward.backward = false;
+  return choose_forward(c, forward, Backend::kAmpere, capability, chosen);
+}
+
+}  // namespace dispatch_detail
+
+// The path and kernel head dims that run a request on a GPU of `capability`, or the reason none
+// does (kNotSupported naming the argument; kNoDevice for a GPU older than sm80).
+inline Status choose_kernel_in(const KernelCatalogue& c, const KernelQuery& query, Backend requested, int capability,
+                            KernelChoice* choice) {
+  // Head dims as the policy compares them: no kernel is near 2^20, and messages stay readable.
+  KernelQuery r = query;
+  r.headdim = std::min<int64_t>(std::max<int64_t>(r.headdim, -1), 1 << 20);
+  r.headdim_v = std::min<int64_t>(std::max<int64_t>(r.headdim_v, -1), 1 << 20);
+  if (requested != Backend::kAuto && requested != Backend::kAmpere && requested != Backend::kHopper)
+    return make_status(StatusCode::kInvalidArgument, "backend: expected kAuto, kAmpere or kHopper");
+  Backend chosen = Backend::kAmpere;
+  const Status s = r.backward ? dispatch_detail::choose_backward(c, r, requested, capability, &chosen)
+                              : dispatch_detail::choose_forward(c, r, requested, capability, &chosen);
+  if (!s.ok()) return s;
+  const auto k = kernel_head_dims(c, chosen, r.headdim, r.headdim_v, r.backward);
+  *choice = KernelChoice{chosen, k.first, k.second};
+  return Status{};
+}
+
+}  // namespace flashcute
