@@ -140,11 +140,13 @@ ffi::Error forward(cudaStream_t stream, int32_t device, ffi::AnyBuffer q, ffi::A
   if (!to_dtype(q.element_type(), &p.dtype) || k.element_type() != q.element_type() ||
       v.element_type() != q.element_type() || out->element_type() != q.element_type())
     return invalid("q, k, v, out: expected one dtype, float16 or bfloat16");
-  if (lse->element_type() != ffi::DataType::F32 ||
-      static_cast<int64_t>(lse->element_count()) != qr.batch * qr.heads * qr.rows)
+  // An empty lse result: the caller does not need it (a call that is not differentiated).
+  const bool has_lse = lse->element_count() != 0;
+  if (has_lse && (lse->element_type() != ffi::DataType::F32 ||
+                  static_cast<int64_t>(lse->element_count()) != qr.batch * qr.heads * qr.rows))
     return invalid("lse: expected float32 (batch..., nheads, seqlen_q), or (nheads, total_q) when packed");
   p.q = q.untyped_data(), p.k = k.untyped_data(), p.v = v.untyped_data(), p.out = out->untyped_data();
-  p.lse = static_cast<float*>(lse->untyped_data());
+  p.lse = has_lse ? static_cast<float*>(lse->untyped_data()) : nullptr;
   p.q_batch_stride = qr.batch_stride(pq), p.q_row_stride = qr.row_stride(), p.q_head_stride = qr.head_stride();
   p.k_batch_stride = kr.batch_stride(pk), p.k_row_stride = kr.row_stride(), p.k_head_stride = kr.head_stride();
   p.v_batch_stride = vr.batch_stride(pk), p.v_row_stride = vr.row_stride(), p.v_head_stride = vr.head_stride();

@@ -105,11 +105,14 @@ class Plan:
         }
 
 
-def forward(plan: Plan, q: Any, k: Any, v: Any, optional: Sequence[Any]) -> tuple[Any, Any]:
-    """(out, lse) of the forward custom call; ``optional`` as ``OPTIONAL_INPUTS``."""
+def forward(
+    plan: Plan, q: Any, k: Any, v: Any, optional: Sequence[Any], with_lse: bool = True
+) -> tuple[Any, Any]:
+    """(out, lse) of the forward custom call; ``optional`` as ``OPTIONAL_INPUTS``. Without
+    ``with_lse`` the lse is an empty array that the kernel does not write."""
     results = (
         jax.ShapeDtypeStruct(plan.out_shape, q.dtype),
-        jax.ShapeDtypeStruct(plan.lse_shape, jnp.float32),
+        jax.ShapeDtypeStruct(plan.lse_shape if with_lse else (0,), jnp.float32),
         jax.ShapeDtypeStruct((plan.forward_workspace,), jnp.uint8),
     )
     call = jax.ffi.ffi_call(FORWARD_TARGET, results, vmap_method=plan.vmap_method)

@@ -116,6 +116,31 @@ def _attend_bwd(plan: Plan, residuals: tuple[Any, ...], cotangents: tuple[Any, A
 _attend.defvjp(_attend_fwd, _attend_bwd)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attend_out(plan: Plan, q: Any, k: Any, v: Any, optional: tuple[Any, ...]) -> Any:
+    """``_attend`` for callers without lse: undifferentiated calls leave it unwritten."""
+    return _jax_calls.forward(plan, q, k, v, optional, with_lse=False)[0]
+
+
+def _attend_out_fwd(plan: Plan, q: Any, k: Any, v: Any, optional: tuple[Any, ...]) -> tuple[Any, Any]:
+    (out, lse), residuals = _attend_fwd(plan, q, k, v, optional)
+    return out, residuals
+
+
+def _attend_out_bwd(plan: Plan, residuals: tuple[Any, ...], dout: Any) -> tuple[Any, ...]:
+    return _attend_bwd(plan, residuals, (dout, None))
+
+
+_attend_out.defvjp(_attend_out_fwd, _attend_out_bwd)
+
+
+def _run(plan: Plan, q: Any, k: Any, v: Any, optional: tuple[Any, ...], return_lse: bool) -> Any:
+    if not return_lse:
+        return _attend_out(plan, q, k, v, optional)
+    out, lse = _attend(plan, q, k, v, optional)
+    return out, jax.lax.stop_gradient(lse)
+
+
 def _forward_plan(
     problem: Problem, device_id: int, backend: Optional[str], causal: bool,
     deterministic: bool, varlen: bool,
@@ -235,8 +260,7 @@ def attention(
     plan = _forward_plan(problem, device_id, backend, causal, deterministic, varlen=False)
     optional = (_slopes(alibi_slopes, problem.batch, problem.nheads),
                 _rng_words(dropout, dropout_rng_state), _none(), _none(), _none())
-    out, lse = _attend(plan, q, k, v, optional)
-    return (out, jax.lax.stop_gradient(lse)) if return_lse else out
+    return _run(plan, q, k, v, optional, return_lse)
 
 
 def attention_varlen(
@@ -290,8 +314,7 @@ def attention_varlen(
     optional = (_slopes(alibi_slopes, problem.batch, problem.nheads),
                 _rng_words(dropout, dropout_rng_state), cu_seqlens_q, cu_seqlens_k,
                 seqused_k if seqused_k is not None else _none())
-    out, lse = _attend(plan, q, k, v, optional)
-    return (out, jax.lax.stop_gradient(lse)) if return_lse else out
+    return _run(plan, q, k, v, optional, return_lse)
 
 
 def attention_backward(
