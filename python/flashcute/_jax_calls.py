@@ -91,6 +91,7 @@ class Plan:
     backward_workspace: int = 0
     deterministic: bool = False
     requested_backend: Optional[str] = None  # the caller's backend=, for the backward's choice
+    varlen: bool = False  # packed tensors with cu_seqlens
 
     def attributes(self) -> dict[str, Any]:
         return {

@@ -40,7 +40,7 @@ from .attention import _check_front_door_flags, forward_workspace_bytes
 from .varlen import backward_workspace_bytes as varlen_backward_workspace_bytes
 from .varlen import forward_workspace_bytes as varlen_forward_workspace_bytes
 
-__all__ = ["attention", "attention_backward", "attention_varlen"]
+__all__ = ["attention", "attention_backward", "attention_varlen", "attention_varlen_backward"]
 
 _jax_calls.register_targets()
 
@@ -53,6 +53,11 @@ def _spec(x: Any, device_id: int) -> ArraySpec:
     if not isinstance(x, _ARRAY_TYPES):
         return x  # the checks raise a TypeError naming the argument
     return ArraySpec(x.shape, jnp.dtype(x.dtype).name, device_id)
+
+
+def _given(x: Any) -> bool:
+    """Whether an optional input is there: not None and not the empty stand-in."""
+    return x is not None and getattr(x, "size", 1) > 0
 
 
 def _none() -> Any:
@@ -163,7 +168,7 @@ def _forward_plan(
         forward_backend=code, forward_workspace=workspace, out_shape=tuple(problem.out_shape),
         lse_shape=tuple(problem.lse_shape),
         vmap_method="sequential" if varlen or problem.dropout_p > 0.0 else "broadcast_all",
-        backward_backend=-1, deterministic=deterministic, requested_backend=backend,
+        backward_backend=-1, deterministic=deterministic, requested_backend=backend, varlen=varlen,
     )
 
 
@@ -174,18 +179,18 @@ def _backward_plan(
     device_id = _jax_calls.trace_device_id(q)
     specs = [_spec(x, device_id) for x in (dout, q, k, v, out, lse)]
     alibi, _, cu_q, cu_k, used = optional
-    varlen = plan.max_seqlen_q > 0 or cu_q.size > 0
+    varlen = plan.varlen
     common = dict(
         causal=plan.causal, softmax_scale=plan.scale, deterministic=plan.deterministic,
         backend=plan.requested_backend, window=(plan.window_left, plan.window_right),
-        softcap=plan.softcap, alibi_slopes=_spec(alibi, device_id) if alibi.size > 0 else None,
+        softcap=plan.softcap, alibi_slopes=_spec(alibi, device_id) if _given(alibi) else None,
         dropout_p=plan.dropout_p,
     )
     ext = load_extension()
     if varlen:
         problem: Problem = validate_varlen_backward(
             *specs, _spec(cu_q, device_id), _spec(cu_k, device_id), plan.max_seqlen_q,
-            plan.max_seqlen_k, seqused_k=_spec(used, device_id) if used.size > 0 else None,
+            plan.max_seqlen_k, seqused_k=_spec(used, device_id) if _given(used) else None,
             **common,
         )
     else:
@@ -203,7 +208,8 @@ def _backward_plan(
             problem.headdim, problem.dtype, plan.deterministic, code, plan.causal,
             problem.window_left, problem.window_right,
         ))
-    return dataclasses.replace(plan, backward_backend=code, backward_workspace=nbytes)
+    sizes = {"max_seqlen_q": problem.max_seqlen_q, "max_seqlen_k": problem.max_seqlen_k} if varlen else {}
+    return dataclasses.replace(plan, backward_backend=code, backward_workspace=nbytes, **sizes)
 
 
 def attention(
@@ -344,22 +350,82 @@ def attention_backward(
         TypeError, ValueError: at trace time, naming the argument.
         RuntimeError: JAX has no CUDA GPU.
     """
+    return _backward(
+        dout, q, k, v, out, lse, None, causal=causal, softmax_scale=softmax_scale, window=window,
+        softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p, dropout_seed=dropout_seed,
+        dropout_offset=dropout_offset, dropout_rng_state=dropout_rng_state,
+        deterministic=deterministic, backend=backend,
+    )
+
+
+def attention_varlen_backward(
+    dout: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    seqused_k: Any = None,
+    causal: bool = False,
+    softmax_scale: Optional[float] = None,
+    window: Sequence[int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Any = None,
+    dropout_p: float = 0.0,
+    dropout_seed: Optional[int] = None,
+    dropout_offset: Optional[int] = None,
+    dropout_rng_state: Any = None,
+    deterministic: bool = False,
+    backend: Optional[str] = None,
+) -> tuple[Any, Any, Any]:
+    """``flashcute.attention_varlen_backward`` on jax arrays: (dq, dk, dv) of packed tensors
+    from the forward's out and (nheads, total_q) lse, with the forward's arguments.
+
+    Raises:
+        TypeError, ValueError: at trace time, naming the argument.
+        RuntimeError: JAX has no CUDA GPU.
+    """
+    sequences = (cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
+    return _backward(
+        dout, q, k, v, out, lse, sequences, causal=causal, softmax_scale=softmax_scale,
+        window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+        dropout_seed=dropout_seed, dropout_offset=dropout_offset,
+        dropout_rng_state=dropout_rng_state, deterministic=deterministic, backend=backend,
+    )
+
+
+def _backward(
+    dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, sequences: Optional[tuple[Any, ...]],
+    *, causal: bool, softmax_scale: Optional[float], window: Sequence[int], softcap: float,
+    alibi_slopes: Any, dropout_p: float, dropout_seed: Optional[int],
+    dropout_offset: Optional[int], dropout_rng_state: Any, deterministic: bool,
+    backend: Optional[str],
+) -> tuple[Any, Any, Any]:
+    """The backward call of a fixed-length (``sequences`` None) or variable-length call
+    (``sequences``: cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)."""
     check_backward_flags(deterministic, backend)
     window, softcap = _check_front_door_flags(False, deterministic, window, softcap)
     dropout = _check_dropout(dropout_p, dropout_seed, dropout_offset, dropout_rng_state, backward=True)
     # The scalars as given: _backward_plan checks them with the tensors.
     headdim = q.shape[-1] if isinstance(q, _ARRAY_TYPES) and q.ndim > 0 else 1
+    cu_q, cu_k, used, max_q, max_k = sequences or (_none(), _none(), None, 0, 0)
     plan = Plan(
         scale=1.0 / math.sqrt(max(headdim, 1)) if softmax_scale is None else softmax_scale,
         causal=causal, window_left=window[0], window_right=window[1], softcap=softcap,
-        dropout_p=dropout.p, max_seqlen_q=0, max_seqlen_k=0, forward_backend=-1,
+        dropout_p=dropout.p, max_seqlen_q=max_q, max_seqlen_k=max_k, forward_backend=-1,
         forward_workspace=0, out_shape=(), lse_shape=(),
-        vmap_method="sequential" if dropout.active else "broadcast_all",
-        deterministic=deterministic, requested_backend=backend,
+        vmap_method="sequential" if dropout.active or sequences else "broadcast_all",
+        deterministic=deterministic, requested_backend=backend, varlen=sequences is not None,
     )
-    rest = (_rng_words(dropout, dropout_rng_state), _none(), _none(), _none())
+    rest = (_rng_words(dropout, dropout_rng_state), cu_q, cu_k, used if used is not None else _none())
     given = alibi_slopes if alibi_slopes is not None else _slopes(None, 0, 0)
     plan = _backward_plan(plan, dout, q, k, v, out, lse, (given, *rest))  # checks the slopes
-    optional = (_slopes(alibi_slopes, q.shape[0], q.shape[2]), *rest)
+    batch = int(cu_q.shape[0]) - 1 if sequences else q.shape[0]
+    optional = (_slopes(alibi_slopes, batch, q.shape[-2]), *rest)
     return _jax_calls.backward(plan, dout, q, k, v, out, lse, optional)
 
