@@ -191,10 +191,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=2000, help="calls per host-overhead round")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--host-only", action="store_true", help="only the host overhead")
     args = parser.parse_args()
     device = torch.cuda.get_device_name()
-    print(f"{device}, jax {jax.__version__}, torch {torch.__version__}")
-    rows = throughput(args.rounds) + host_overhead(args.rounds, args.calls)
+    print(f"{device}, jax {jax.__version__}, torch {torch.__version__}, "
+          f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
+    rows = [] if args.host_only else throughput(args.rounds)
+    rows += host_overhead(args.rounds, args.calls)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": device, "jax": jax.__version__, "torch": torch.__version__,
