@@ -358,8 +358,9 @@ def _compiled_head_dims() -> str:
 
 def _check_headdim(headdim: int) -> None:
     """Any multiple of 8 from 8 to 256. Whether a path of this build has a kernel that large
-    (the smallest compiled head dim at least as large runs it) is the dispatch's question
-    (``_dispatch._compiled_for``), as for every other build-dependent choice."""
+    (the smallest compiled head dim at least as large runs it) is the library's dispatch
+    question (``_dispatch``, cpp/dispatch_policy.h), as for every other build-dependent
+    choice."""
     if headdim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(
             f"q: head dim {headdim} is not supported; supported head dims are the multiples "
