@@ -13,7 +13,10 @@
 #include "hopper/fwd_split_plan.h"
 #include "kernel_params.h"
 #include "kernel_registry.h"
+#include "kv_append_launch.h"
+#include "kvcache_plan.h"
 #include "launch_status.h"
+#include "merge_states_launch.h"
 #include "operand_checks.h"
 
 namespace flashcute {
@@ -561,6 +564,289 @@ Status attention_backward(const AttentionBackwardParams& given, Backend backend)
   DeviceGuard guard(params.device);
   if (!guard.status().ok()) return guard.status();
   return launch(kernel_params(params, resolved), params.stream);
+}
+
+namespace {
+
+// The forward params a KV-cache call runs with: the cache's sequence lengths as seqused_k (the
+// appended keys come on top in the kernel params), a paged cache's capacity as seqlen_k.
+AttentionForwardParams cache_view(const AttentionForwardParams& given, const KVCacheParams& c) {
+  AttentionForwardParams p = given;
+  p.seqused_k = c.cache_seqlens;
+  if (c.page_table != nullptr) p.seqlen_k = c.max_pages * c.page_size;
+  return bounded(p);
+}
+
+Status check_kvcache(const AttentionForwardParams& given, const KVCacheParams& c) {
+  if (given.cu_seqlens_k != nullptr || given.seqused_k != nullptr)
+    return invalid("cu_seqlens_k, seqused_k: a KV-cache call takes the cache's lengths as cache_seqlens");
+  if (given.dropout_p != 0.f) return invalid("dropout_p: KV-cache calls run without dropout (expected 0)");
+  if (c.cache_seqlens == nullptr) return invalid("cache_seqlens: expected a device int32 (batch,) tensor, got null");
+  const bool paged = c.page_table != nullptr;
+  if (paged) {
+    if (c.page_size < 1) return invalid("page_size: expected at least 1");
+    if (c.num_pages < 1) return invalid("num_pages: expected at least 1 page in the cache");
+    if (c.max_pages < 1) return invalid("page_table: expected at least one column (max_pages >= 1)");
+    if (c.page_table_batch_stride < 0) return invalid("page_table: expected a non-negative batch stride");
+    if (c.max_pages > (std::numeric_limits<int32_t>::max() - 256 - given.seqlen_q) / c.page_size)
+      return invalid("page_table: max_pages * page_size keys must fit in 32 bits");
+    if (c.num_pages > std::numeric_limits<int32_t>::max()) return invalid("num_pages: at most 2^31 - 1 pages");
+    // The paged loads address a row with 32-bit page and in-page offsets (kv_rows.h).
+    constexpr int64_t kMax32 = std::numeric_limits<uint32_t>::max();
+    const struct { const char* name; int64_t page_stride, row_stride; } caches[] = {
+        {"k_cache", given.k_batch_stride, given.k_row_stride}, {"v_cache", given.v_batch_stride, given.v_row_stride}};
+    for (const auto& t : caches)
+      if (t.page_stride < 0 || t.page_stride > kMax32 || t.row_stride < 0 || t.row_stride > kMax32 / c.page_size)
+        return make_status(StatusCode::kInvalidArgument,
+                           "%s: a page must span fewer than 2^32 elements (page stride %lld, row stride %lld)", t.name,
+                           static_cast<long long>(t.page_stride), static_cast<long long>(t.row_stride));
+  }
+  if (c.seqlen_new < 0) return invalid("k_new: expected seqlen_new >= 0");
+  if (c.seqlen_new > 0 && (c.k_new == nullptr || c.v_new == nullptr))
+    return invalid("k_new, v_new: expected both tensors with seqlen_new > 0");
+  if (c.seqlen_new > 0 && given.cu_seqlens_q != nullptr)
+    return invalid("k_new: appends need a batched q; with cu_seqlens_q the new keys must be in the cache already");
+  if (c.num_splits < 0 || c.num_splits > 1024) return invalid("num_splits: expected 0 (chosen) to 1024");
+  const AttentionForwardParams p = cache_view(given, c);
+  if (c.seqlen_new > p.seqlen_k)
+    return make_status(StatusCode::kInvalidArgument, "k_new: %lld new keys do not fit a cache of %lld keys per sequence",
+                       static_cast<long long>(c.seqlen_new), static_cast<long long>(p.seqlen_k));
+  if (Status s = check_problem(p); !s.ok()) return s;
+  const bool attends = p.seqlen_q > 0 && p.nheads > 0;  // without query rows, only the append runs
+  if (p.batch == 0 || (!attends && c.seqlen_new == 0)) return Status{};
+  if ((attends && (p.q == nullptr || p.out == nullptr)) || p.k == nullptr || p.v == nullptr)
+    return invalid("q, k_cache, v_cache and out must not be null");
+  if (Status s = check_alibi(p); !s.ok()) return s;
+  const Rows qr = q_rows(p);
+  const int64_t cache_batch = paged ? c.num_pages : p.batch, cache_rows = paged ? c.page_size : p.seqlen_k;
+  const bool append = c.seqlen_new > 0;
+  const Operand inputs[] = {
+      tensor4("q", p.q, qr.batch, qr.rows, p.nheads, p.headdim, qr.batch_stride(p.q_batch_stride), p.q_row_stride,
+              p.q_head_stride, 2),
+      tensor4("k_new", c.k_new, p.batch, c.seqlen_new, p.nheads_kv, p.headdim, c.k_new_batch_stride,
+              c.k_new_row_stride, c.k_new_head_stride, 2, append),
+      tensor4("v_new", c.v_new, p.batch, c.seqlen_new, p.nheads_kv, v_headdim(p), c.v_new_batch_stride,
+              c.v_new_row_stride, c.v_new_head_stride, 2, append),
+      Operand{"cache_seqlens", c.cache_seqlens, 1, {p.batch, 1, 1, 1}, {1, 1, 1, 1}, 4, true},
+      Operand{"page_table", c.page_table, 2, {p.batch, c.max_pages, 1, 1}, {c.page_table_batch_stride, 1, 1, 1}, 4,
+              paged},
+      alibi_operand(p),
+  };
+  const Operand caches[] = {
+      tensor4("k_cache", p.k, cache_batch, cache_rows, p.nheads_kv, p.headdim, p.k_batch_stride, p.k_row_stride,
+              p.k_head_stride, 2),
+      tensor4("v_cache", p.v, cache_batch, cache_rows, p.nheads_kv, v_headdim(p), p.v_batch_stride, p.v_row_stride,
+              p.v_head_stride, 2),
+  };
+  const Operand outputs[] = {
+      tensor4("out", p.out, qr.batch, qr.rows, p.nheads, v_headdim(p), qr.batch_stride(p.out_batch_stride),
+              p.out_row_stride, p.out_head_stride, 2),
+      lse_tensor("lse", p.lse, qr.batch, p.nheads, qr.rows, qr.batch_stride(p.lse_batch_stride), p.lse_head_stride),
+      bytes_buffer("workspace", p.workspace, p.workspace_bytes),
+      caches[0],
+      caches[1],
+  };
+  for (const Operand& o : {inputs[0], inputs[1], inputs[2], caches[0], caches[1], outputs[0]})
+    if (Status s = check_aligned16(o); !s.ok()) return s;
+  if (p.workspace != nullptr && reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0)
+    return invalid("workspace: expected a 16-byte aligned device buffer");
+  // The caches are written only by an append; otherwise they are inputs the outputs must avoid.
+  if (append) return check_no_overlap(outputs, inputs);
+  const Operand written[] = {outputs[0], outputs[1], outputs[2]};
+  const Operand read[] = {inputs[0], inputs[3], inputs[4], inputs[5], caches[0], caches[1]};
+  return check_no_overlap(written, read);
+}
+
+// Everything a KV-cache call launches: its forward's params (packing and splits applied), its
+// launcher and the split workspace's layout.
+struct KvCacheRun {
+  FwdKernelParams kernel{};
+  FwdLauncher launch = nullptr;
+  SplitKvLayout split;
+};
+
+Status plan_kvcache(const AttentionForwardParams& p, const KVCacheParams& c, Backend backend, KvCacheRun* run) {
+  int capability = 0;
+  if (Status s = device_capability(p.device, &capability); !s.ok()) return s;
+  KernelQuery query = query_of(p);
+  query.kv_cache = true;
+  query.paged_kv = c.page_table != nullptr;
+  KernelChoice choice;
+  if (Status s = choose_kernel(query, backend, capability, &choice); !s.ok()) return s;
+  run->launch = find_fwd_launcher(choice.backend, p.dtype, choice.headdim, choice.headdim_v);
+  FwdTileQuery tile_query = find_ampere_fwd_tile(p.dtype, choice.headdim);
+  if (run->launch == nullptr || tile_query == nullptr)
+    return make_status(StatusCode::kNotSupported, "no launcher for the chosen kernel (head dim %d)", choice.headdim);
+  DeviceGuard guard(p.device);
+  if (!guard.status().ok()) return guard.status();
+  FwdTileInfo tile;
+  if (Status s = tile_query(&tile); !s.ok()) return s;
+  int device = 0, sms = 0;
+  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return cuda_status(err, "cudaGetDevice");
+  if (cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); err != cudaSuccess)
+    return cuda_status(err, "cudaDeviceGetAttribute");
+
+  FwdKernelParams k = kernel_params(p);
+  k.seqused_k_add = static_cast<int>(c.seqlen_new);
+  if (c.page_table != nullptr) {
+    k.page_table = c.page_table;
+    k.page_table_batch_stride = c.page_table_batch_stride;
+    k.page_divisor = PageDivisor::of(static_cast<int>(c.page_size));
+    k.num_pages = static_cast<int>(c.num_pages);
+  }
+  k = kvcache_packed_view(k, kvcache_packed_heads(k, tile.block_m));
+  const long long tiles = static_cast<long long>((k.seqlen_q + tile.block_m - 1) / tile.block_m) * k.nheads * k.batch;
+  const int key_blocks = (k.seqlen_k + tile.block_n - 1) / tile.block_n;
+  const int splits = kvcache_splits(tiles, key_blocks, sms * tile.ctas_per_sm, static_cast<int>(c.num_splits), k.batch);
+  const int64_t rows = p.cu_seqlens_q != nullptr ? p.total_q : p.batch * p.seqlen_q;
+  run->split = split_kv_layout(rows, p.nheads, v_headdim(p), splits);
+  k.num_splits = splits;
+  k.partial_rows = rows;
+  k.partial_heads = static_cast<int>(p.nheads);
+  run->kernel = k;
+  return Status{};
+}
+
+}  // namespace
+
+Status attention_with_kvcache_plan(const AttentionForwardParams& given, const KVCacheParams& cache,
+                                   int64_t* num_splits, size_t* workspace_bytes, Backend backend) {
+  if (num_splits == nullptr || workspace_bytes == nullptr) return invalid("num_splits, workspace_bytes must not be null");
+  *num_splits = 1, *workspace_bytes = 0;
+  KVCacheParams c = cache;
+  if (c.cache_seqlens == nullptr) c.cache_seqlens = reinterpret_cast<const int32_t*>(16);  // not read
+  AttentionForwardParams shape = given;
+  shape.q = shape.k = shape.v = shape.out = nullptr, shape.lse = nullptr, shape.workspace = nullptr;
+  const AttentionForwardParams p = cache_view(shape, c);
+  if (Status s = check_problem(p); !s.ok()) return s;
+  if (p.batch == 0 || p.seqlen_q == 0 || p.nheads == 0) return Status{};
+  KvCacheRun run;
+  if (Status s = plan_kvcache(p, c, backend, &run); !s.ok()) return s;
+  *num_splits = run.kernel.num_splits;
+  *workspace_bytes = run.split.bytes;
+  return Status{};
+}
+
+Status attention_with_kvcache(const AttentionForwardParams& given, const KVCacheParams& cache, Backend backend) {
+  if (Status s = check_kvcache(given, cache); !s.ok()) return s;
+  const AttentionForwardParams p = cache_view(given, cache);
+  const bool attends = p.seqlen_q > 0 && p.nheads > 0;
+  if (p.batch == 0 || (!attends && cache.seqlen_new == 0)) return Status{};
+  KvCacheRun run;
+  if (attends) {
+    if (Status s = plan_kvcache(p, cache, backend, &run); !s.ok()) return s;
+    if (p.workspace_bytes < run.split.bytes)
+      return make_status(StatusCode::kInvalidArgument,
+                         "workspace: %zu bytes given, attention_with_kvcache_plan() asks for %zu (%d splits)",
+                         p.workspace_bytes, run.split.bytes, run.kernel.num_splits);
+  }
+  DeviceGuard guard(p.device);
+  if (!guard.status().ok()) return guard.status();
+  if (cache.seqlen_new > 0) {
+    KvAppendParams a{};
+    a.k_new = cache.k_new, a.v_new = cache.v_new, a.k_cache = const_cast<void*>(p.k), a.v_cache = const_cast<void*>(p.v);
+    a.k_new_batch_stride = cache.k_new_batch_stride, a.k_new_row_stride = cache.k_new_row_stride;
+    a.k_new_head_stride = cache.k_new_head_stride;
+    a.v_new_batch_stride = cache.v_new_batch_stride, a.v_new_row_stride = cache.v_new_row_stride;
+    a.v_new_head_stride = cache.v_new_head_stride;
+    a.k_batch_stride = p.k_batch_stride, a.k_row_stride = p.k_row_stride, a.k_head_stride = p.k_head_stride;
+    a.v_batch_stride = p.v_batch_stride, a.v_row_stride = p.v_row_stride, a.v_head_stride = p.v_head_stride;
+    a.cache_seqlens = cache.cache_seqlens;
+    a.page_table = cache.page_table;
+    a.page_table_batch_stride = cache.page_table_batch_stride;
+    a.page_size = static_cast<int>(cache.page_size), a.num_pages = static_cast<int>(cache.num_pages);
+    a.capacity = static_cast<int>(p.seqlen_k);
+    a.batch = static_cast<int>(p.batch), a.seqlen_new = static_cast<int>(cache.seqlen_new);
+    a.heads_kv = static_cast<int>(p.nheads_kv), a.headdim = static_cast<int>(p.headdim);
+    a.headdim_v = static_cast<int>(v_headdim(p));
+    a.elem_bytes = 2;
+    if (Status s = launch_kv_append(a, p.stream); !s.ok()) return s;
+  }
+  if (!attends) return Status{};
+  FwdKernelParams k = run.kernel;
+  if (k.num_splits > 1) {
+    char* base = static_cast<char*>(p.workspace);
+    k.partial_o = reinterpret_cast<float*>(base + run.split.o_offset);
+    k.partial_lse = reinterpret_cast<float*>(base + run.split.lse_offset);
+    // Packed queries: rows outside every sequence (offsets that break the rules) get no part;
+    // NaN LSEs (all bits set) make the merge skip them instead of reading stale workspace.
+    if (p.cu_seqlens_q != nullptr)
+      if (cudaError_t err = cudaMemsetAsync(k.partial_lse, 0xff, size_t(run.split.lse_index(k.num_splits, 0, 0)) * sizeof(float),
+                                            p.stream);
+          err != cudaSuccess)
+        return cuda_status(err, "cudaMemsetAsync");
+  }
+  if (Status s = run.launch(k, p.stream); !s.ok()) return s;
+  if (k.num_splits <= 1) return Status{};
+  // The splits' parts, merged into out and lse (merge_states.h); packed q is one batch of total_q rows.
+  const SplitKvLayout& l = run.split;
+  MergeStatesParams m{};
+  const bool packed_q = p.cu_seqlens_q != nullptr;
+  m.sources = 1;
+  m.states = k.num_splits;
+  m.o_state_stride = l.o_index(1, 0, 0);
+  m.lse_state_stride = l.lse_index(1, 0, 0);
+  m.source[0] = StateView{k.partial_o, k.partial_lse, packed_q ? 0 : p.seqlen_q * l.headdim_v, l.headdim_v,
+                          l.rows * l.headdim_v, packed_q ? 0 : p.seqlen_q, l.rows, 1};
+  m.out = StateView{p.out, p.lse, packed_q ? 0 : p.out_batch_stride, p.out_row_stride, p.out_head_stride,
+                    packed_q ? 0 : p.lse_batch_stride, p.lse_head_stride, 1};
+  m.batch = packed_q ? 1 : static_cast<int>(p.batch);
+  m.seqlen = static_cast<int>(packed_q ? p.total_q : p.seqlen_q);
+  m.heads = static_cast<int>(p.nheads);
+  m.headdim = static_cast<int>(v_headdim(p));
+  return launch_merge_states(m, MergeElement::kFloat32,
+                             p.dtype == DType::kBFloat16 ? MergeElement::kBFloat16 : MergeElement::kFloat16, p.stream);
+}
+
+Status merge_attention_states(const MergeAttentionStatesParams& p) {
+  if (p.batch < 0 || p.seqlen < 0 || p.nheads < 0 || p.headdim < 0)
+    return invalid("batch, seqlen, nheads, headdim: expected sizes >= 0");
+  if (p.headdim > 256) return make_status(StatusCode::kNotSupported, "headdim: at most 256, got %lld", (long long)p.headdim);
+  if (p.batch > std::numeric_limits<int32_t>::max() || p.seqlen > std::numeric_limits<int32_t>::max() ||
+      p.nheads > std::numeric_limits<int32_t>::max())
+    return invalid("batch, seqlen, nheads: expected 32-bit sizes");
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16 && p.dtype != DType::kFloat32)
+    return invalid("dtype: expected float16, bfloat16 or float32");
+  if (p.batch == 0 || p.seqlen == 0 || p.nheads == 0 || p.headdim == 0) return Status{};
+  if (p.out_a == nullptr || p.out_b == nullptr || p.lse_a == nullptr || p.lse_b == nullptr || p.out == nullptr)
+    return invalid("out_a, lse_a, out_b, lse_b and out must not be null");
+  const int eb = p.dtype == DType::kFloat32 ? 4 : 2;
+  const Operand inputs[] = {
+      tensor4("out_a", p.out_a, p.batch, p.seqlen, p.nheads, p.headdim, p.out_a_batch_stride, p.out_a_row_stride,
+              p.out_a_head_stride, eb),
+      tensor4("out_b", p.out_b, p.batch, p.seqlen, p.nheads, p.headdim, p.out_b_batch_stride, p.out_b_row_stride,
+              p.out_b_head_stride, eb),
+      Operand{"lse_a", p.lse_a, 3, {p.batch, p.nheads, p.seqlen, 1}, {p.lse_a_batch_stride, p.lse_a_head_stride, p.lse_a_row_stride, 1}, 4, true},
+      Operand{"lse_b", p.lse_b, 3, {p.batch, p.nheads, p.seqlen, 1}, {p.lse_b_batch_stride, p.lse_b_head_stride, p.lse_b_row_stride, 1}, 4, true},
+  };
+  const Operand outputs[] = {
+      tensor4("out", p.out, p.batch, p.seqlen, p.nheads, p.headdim, p.out_batch_stride, p.out_row_stride,
+              p.out_head_stride, eb),
+      Operand{"lse", p.lse, 3, {p.batch, p.nheads, p.seqlen, 1}, {p.lse_batch_stride, p.lse_head_stride, p.lse_row_stride, 1}, 4,
+              p.lse != nullptr},
+  };
+  for (const Operand& o : inputs)
+    for (int i = 0; i < o.ndim; ++i)
+      if (o.stride[i] < 0) return make_status(StatusCode::kInvalidArgument, "%s: expected non-negative strides", o.name);
+  if (Status s = check_no_overlap(outputs, inputs); !s.ok()) return s;
+  MergeStatesParams m{};
+  m.sources = 2, m.states = 2;
+  m.source[0] = StateView{const_cast<void*>(p.out_a), const_cast<float*>(p.lse_a), p.out_a_batch_stride,
+                          p.out_a_row_stride, p.out_a_head_stride, p.lse_a_batch_stride, p.lse_a_head_stride,
+                          p.lse_a_row_stride};
+  m.source[1] = StateView{const_cast<void*>(p.out_b), const_cast<float*>(p.lse_b), p.out_b_batch_stride,
+                          p.out_b_row_stride, p.out_b_head_stride, p.lse_b_batch_stride, p.lse_b_head_stride,
+                          p.lse_b_row_stride};
+  m.out = StateView{p.out, p.lse, p.out_batch_stride, p.out_row_stride, p.out_head_stride, p.lse_batch_stride,
+                    p.lse_head_stride, p.lse_row_stride};
+  m.batch = static_cast<int>(p.batch), m.seqlen = static_cast<int>(p.seqlen), m.heads = static_cast<int>(p.nheads);
+  m.headdim = static_cast<int>(p.headdim);
+  const MergeElement e = p.dtype == DType::kFloat32    ? MergeElement::kFloat32
+                         : p.dtype == DType::kBFloat16 ? MergeElement::kBFloat16
+                                                       : MergeElement::kFloat16;
+  DeviceGuard guard(p.device);
+  if (!guard.status().ok()) return guard.status();
+  return launch_merge_states(m, e, e, p.stream);
 }
 
 BuildInfo build_info() {

@@ -11,6 +11,7 @@
 
 #include "flashcute/flashcute.h"
 #include "launch_status.h"
+#include "paged_kernels.h"
 
 namespace flashcute {
 
@@ -239,11 +240,30 @@ inline Status choose_kernel_in(const KernelCatalogue& c, const KernelQuery& quer
   r.headdim_v = std::min<int64_t>(std::max<int64_t>(r.headdim_v, -1), 1 << 20);
   if (requested != Backend::kAuto && requested != Backend::kAmpere && requested != Backend::kHopper)
     return make_status(StatusCode::kInvalidArgument, "backend: expected kAuto, kAmpere or kHopper");
+  if (r.kv_cache) {  // paged loads and split-KV live in the Ampere-path forward, on every GPU
+    if (requested == Backend::kHopper)
+      return dispatch_detail::refuse("backend='hopper': KV-cache calls run on the Ampere-path kernels (paged loads, split-KV) on "
+                    "every GPU; pass backend=None or 'ampere'");
+    if (r.headdim_v != 0 && r.headdim_v != r.headdim)
+      return dispatch_detail::refuse("v_cache: head dim " + std::to_string(r.headdim_v) + " differs from q's and k_cache's " +
+                    std::to_string(r.headdim) + "; KV-cache calls need one head dim");
+    if (requested == Backend::kAuto && capability < 80) return dispatch_detail::too_old(capability);
+    r.backward = false;
+    requested = Backend::kAmpere;
+  }
   Backend chosen = Backend::kAmpere;
   const Status s = r.backward ? dispatch_detail::choose_backward(c, r, requested, capability, &chosen)
                               : dispatch_detail::choose_forward(c, r, requested, capability, &chosen);
   if (!s.ok()) return s;
-  const auto k = kernel_head_dims(c, chosen, r.headdim, r.headdim_v, r.backward);
+  auto k = kernel_head_dims(c, chosen, r.headdim, r.headdim_v, r.backward);
+  if (r.kv_cache && r.paged_kv && !has_paged_loads(k.first)) {  // the next kernel up with paged loads
+    const auto& dims = c.ampere.head_dims;  // sorted
+    const auto it = std::find_if(dims.begin(), dims.end(), [&](int d) { return d >= r.headdim && has_paged_loads(d); });
+    if (it == dims.end())
+      return dispatch_detail::refuse("page_table: paged KV caches run on Ampere-path kernels of head dim above 64; "
+                                     "this build compiles head dims " + dispatch_detail::join(dims));
+    k = {*it, *it};
+  }
   *choice = KernelChoice{chosen, k.first, k.second};
   return Status{};
 }

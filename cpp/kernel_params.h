@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "page_divisor.h"
+
 namespace flashcute {
 
 struct FwdKernelParams {
@@ -64,6 +66,29 @@ struct FwdKernelParams {
   // V's and out's head dim (the same as headdim unless the kernel has a V head dim of its own),
   // likewise up to the kernel's. Last, so that the fields before it keep their offsets.
   int headdim_v;
+  // KV cache (kv_rows.h, Ampere path). seqused_k_add: keys appended by the call, which sequence
+  // b sees after its seqused_k[b] cached ones. page_table (batch, max_pages) with its batch
+  // stride: k and v are (num_pages, page_size, heads, d), their batch strides step one page,
+  // and key row r of sequence b is row r % page_size of page page_table[b][r / page_size]
+  // (clamped into [0, num_pages)); null: k and v are batched as usual.
+  int seqused_k_add;
+  const int* __restrict__ page_table;
+  int64_t page_table_batch_stride;
+  PageDivisor page_divisor;  // page_size
+  int num_pages;
+  // Query heads packed into rows (packed_rows.h): tile row r of K/V head h is query row r / G
+  // of query head h·G + r % G, with G = packed_heads (1: none); seqlen_q, nheads and
+  // heads_per_kv are then the packed call's.
+  int packed_heads;
+  // Split-KV (split_kv.h): num_splits CTAs share a query tile's key blocks; each leaves its
+  // normalized fp32 output and LSE in partial_o / partial_lse for merge_states to combine.
+  // Their rows per query head (split_kv.h), query heads and row width: batch · seqlen_q or
+  // total_q, the call's nheads (unpacked) and headdim_v.
+  int num_splits;
+  float* __restrict__ partial_o;
+  float* __restrict__ partial_lse;
+  int64_t partial_rows;
+  int partial_heads;
 };
 
 // Backward: dQ, dK, dV from dO, the forward's inputs, its output and its LSE. The workspace
@@ -138,6 +163,7 @@ struct BwdKernelParams {
   int total_q, total_k;
   // V's, out's, dout's and dv's head dim (as in FwdKernelParams), after the fields above.
   int headdim_v;
+  int seqused_k_add;  // as in FwdKernelParams; 0 for a backward
 };
 
 // Whether the mask bounds keys by more than seqlen_k (causal diagonal or window): per-tile work

@@ -74,6 +74,14 @@ FwdLauncher find_fwd_launcher(Backend backend, DType dtype, int kernel_headdim, 
   return nullptr;
 }
 
+FwdTileQuery find_ampere_fwd_tile(DType dtype, int kernel_headdim) {
+#define FLASHCUTE_MATCH_AMPERE_FWD_TILE(name, dtype_enum, hd) \
+  if (dtype == DType::dtype_enum && kernel_headdim == hd) return &ampere::fwd_tile_##name##_hd##hd;
+  FLASHCUTE_FOR_EACH_AMPERE_FWD(FLASHCUTE_MATCH_AMPERE_FWD_TILE)
+#undef FLASHCUTE_MATCH_AMPERE_FWD_TILE
+  return nullptr;
+}
+
 BwdLauncher find_bwd_launcher(Backend backend, DType dtype, int kernel_headdim) {
   if (backend == Backend::kAmpere) {
 #define FLASHCUTE_MATCH_AMPERE_BWD(name, dtype_enum, hd) \

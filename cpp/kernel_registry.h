@@ -16,9 +16,16 @@ namespace flashcute {
 using FwdLauncher = Status (*)(const FwdKernelParams&, cudaStream_t);
 using BwdLauncher = Status (*)(const BwdKernelParams&, cudaStream_t);
 
+// An Ampere-path forward's tile on the current device and its CTAs per SM (split-KV plans).
+struct FwdTileInfo {
+  int block_m = 0, block_n = 0, ctas_per_sm = 0;
+};
+using FwdTileQuery = Status (*)(FwdTileInfo*);
+
 namespace ampere {
-#define FLASHCUTE_DECLARE_AMPERE_FWD(name, dtype_enum, headdim) \
-  Status fwd_##name##_hd##headdim(const FwdKernelParams&, cudaStream_t);
+#define FLASHCUTE_DECLARE_AMPERE_FWD(name, dtype_enum, headdim)        \
+  Status fwd_##name##_hd##headdim(const FwdKernelParams&, cudaStream_t); \
+  Status fwd_tile_##name##_hd##headdim(FwdTileInfo*);
 FLASHCUTE_FOR_EACH_AMPERE_FWD(FLASHCUTE_DECLARE_AMPERE_FWD)
 #undef FLASHCUTE_DECLARE_AMPERE_FWD
 #define FLASHCUTE_DECLARE_AMPERE_BWD(name, dtype_enum, headdim) \
@@ -49,5 +56,6 @@ const KernelCatalogue& compiled_kernels();
 // Hopper path where they differ), or nullptr; dispatch_policy.h picks the head dims.
 FwdLauncher find_fwd_launcher(Backend backend, DType dtype, int kernel_headdim, int kernel_headdim_v);
 BwdLauncher find_bwd_launcher(Backend backend, DType dtype, int kernel_headdim);
+FwdTileQuery find_ampere_fwd_tile(DType dtype, int kernel_headdim);
 
 }  // namespace flashcute

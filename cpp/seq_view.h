@@ -1,7 +1,8 @@
 // The sequence view: where one sequence of a batch lies in the tensors and how long it is, for
 // fixed-length batches, packed variable-length batches (cu_seqlens) and batches whose sequences
-// use only a prefix of their keys (seqused_k). Producers, consumers, epilogues and schedulers
-// of both paths read sequence offsets and lengths from here and nowhere else.
+// use only a prefix of their keys (seqused_k, plus the keys a KV-cache call appends). Producers,
+// consumers, epilogues and schedulers of both paths read sequence offsets and lengths from here
+// and nowhere else.
 //
 // Addresses: row r of sequence b in q is q + b·q_batch_stride + (q_start + r)·q_row_stride
 // (+ head·q_head_stride); the host sets batch strides to 0 for a packed side. The LSE follows
@@ -38,7 +39,10 @@ struct SeqView {
     if (p.cu_seqlens_q != nullptr) range(p.cu_seqlens_q, batch, p.total_q, p.seqlen_q, v.q_start, v.seqlen_q);
     if (p.cu_seqlens_k != nullptr) range(p.cu_seqlens_k, batch, p.total_k, p.seqlen_k, v.k_start, v.seqlen_k);
     v.k_rows = v.seqlen_k;
-    if (p.seqused_k != nullptr) v.seqlen_k = cute::min(v.seqlen_k, cute::max(p.seqused_k[batch], 0));
+    if (p.seqused_k != nullptr) {  // used + add in 32 bits: only summed below seqlen_k - add
+      const int used = p.seqused_k[batch];
+      v.seqlen_k = used >= v.seqlen_k - p.seqused_k_add ? v.seqlen_k : cute::max(used + p.seqused_k_add, 0);
+    }
     return v;
   }
 

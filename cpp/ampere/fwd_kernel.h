@@ -12,6 +12,11 @@
 // Variable-length batches (seq_view.h): the grid is sized from the longest sequence; a CTA
 // whose rows start past its sequence's end exits at once, and every row and key offset, length
 // and mask comes from the sequence's view (constants of the parameters for a fixed-length call).
+//
+// KV caches: key rows come from pages where the call has a page table (kv_rows.h), query heads
+// may be packed into rows (packed_rows.h), and a tile's key blocks may be split over CTAs whose
+// partial results merge_states.h combines (split_kv.h). Each is one uniform branch around a
+// load or a store; the math is the same.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -19,13 +24,18 @@
 
 #include "ampere/fwd_config.h"
 #include "ampere/dropout_fragments.h"
+#include "ampere/row_gather.h"
 #include "ampere/smem_gemm.h"
 #include "fragment_views.h"
 #include "kernel_params.h"
+#include "kv_rows.h"
 #include "mask.h"
 #include "online_softmax.h"
+#include "packed_rows.h"
+#include "paged_kernels.h"
 #include "score_hook.h"
 #include "seq_view.h"
+#include "split_kv.h"
 
 namespace flashcute::ampere {
 
@@ -43,6 +53,35 @@ CUTE_DEVICE void gemm_pv(Acc& acc, ScoresA const& scores_a, FragB const& frag_b,
     copy(copy_b, smem_b(_, _, k), view_b(_, _, k));
     Tensor p = convert_fragment<Element>(scores_a(_, _, k));
     gemm(mma, p, frag_b(_, _, k), acc);
+  }
+}
+
+// A split's part of a tile (split_kv.h): the normalized fp32 output and LSE of its rows, straight
+// from the accumulator registers (decoding tiles have few rows; merge_states.h reads them).
+template <class TileQ, class AccRC, int kRows, class ThrMma>
+CUTE_DEVICE void store_split_part(FwdKernelParams const& p, AccRC const& acc_o_rc, float const (&lse)[kRows],
+                                  ThrMma const& thr_mma, PackedRows packed, SeqView const& seq, int batch, int head,
+                                  int split, int row0, int seqlen_q) {
+  using namespace cute;
+  Tensor tOcO = thr_mma.partition_C(make_identity_tensor(TileQ{}));
+  Tensor tOcO_rc = make_tensor(tOcO.data(), rowcol_layout(tOcO.layout()));
+  SplitKvLayout layout;
+  layout.rows = p.partial_rows, layout.heads = p.partial_heads, layout.headdim_v = p.headdim_v;
+  // Workspace row of query row 0: batch · seqlen_q for a batched q, the sequence's start if packed.
+  const int64_t first_row = p.cu_seqlens_q != nullptr ? seq.q_start : int64_t(batch) * (p.seqlen_q / packed.group);
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    const int row = row0 + get<0>(tOcO_rc(r, 0));
+    if (row >= seqlen_q) continue;
+    const int query_head = packed.head_of(head, row);
+    const int64_t part_row = first_row + packed.row_of(row);
+    float* o = p.partial_o + layout.o_index(split, query_head, part_row);
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(acc_o_rc); ++c) {
+      const int col = get<1>(tOcO_rc(r, c));
+      if (col < p.headdim_v) o[col] = acc_o_rc(r, c);
+    }
+    if (threadIdx.x % 4 == 0) p.partial_lse[layout.lse_index(split, query_head, part_row)] = lse[r];
   }
 }
 
@@ -72,10 +111,13 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
   // Causal CTAs with more keys come first, so the longest work does not trail the grid.
   const int m_block = params.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
   const int head = blockIdx.y;
-  const int batch = blockIdx.z;
+  const SplitKv split_kv{params.num_splits > 1 ? params.num_splits : 1};
+  const int batch = split_kv.splits > 1 ? blockIdx.z / split_kv.splits : blockIdx.z;
+  const int split = blockIdx.z - batch * split_kv.splits;
   const int kv_head = head / params.heads_per_kv;
   const int row0 = m_block * kBlockM;
   const SeqView seq = SeqView::of(params, batch);
+  const PackedRows packed = PackedRows::of(params);
   // Rows of the next sequence (a shorter one than the grid's): nothing to compute or write.
   if (row0 >= seq.seqlen_q) return;
   const int seqlen_q = seq.seqlen_q;
@@ -84,17 +126,26 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
   // The hook is read from the kernel parameters where used (constant bank operands), not
   // held in registers: the kernels run at the register cap.
   const KeyBlockRange range = key_block_range<kBlockN>(seq.mask(params), row0, kBlockM);
-  const int n_begin = range.n_begin;
+  int n_begin = range.n_begin, n_end = range.n_end;
+  if (split_kv.splits > 1) split_kv.range(split, n_begin, n_end);
   // A head dim below the kernel's (rounded up to it): the columns past it are zeros in shared
   // memory and neither loaded nor stored (smem_gemm.h). One uniform branch per copy; the
   // kernel's own head dim runs the copies without column tests.
   const bool partial_cols = params.headdim < kHeadDim;
 
+  // Packed, `head` is a K/V head and q_base its group's first query head (packed_rows.h).
   const Element* q_base = static_cast<const Element*>(params.q) + batch * params.q_batch_stride +
-                          head * params.q_head_stride + int64_t(seq.q_start + row0) * params.q_row_stride;
-  const Element* k_base = static_cast<const Element*>(params.k) + batch * params.k_batch_stride +
+                          int64_t(packed.head_of(head, 0)) * params.q_head_stride +
+                          int64_t(seq.q_start + row0) * params.q_row_stride;
+  // A paged cache's rows are offsets from the head's column of the cache (kv_rows.h).
+  // Paged loads exist in the kernels of larger head dims only (paged_kernels.h).
+  constexpr bool kPagedLoads = has_paged_loads(kHeadDim);
+  const bool paged = kPagedLoads && params.page_table != nullptr;
+  const int64_t k_batch_offset = paged ? 0 : batch * params.k_batch_stride;
+  const int64_t v_batch_offset = paged ? 0 : batch * params.v_batch_stride;
+  const Element* k_base = static_cast<const Element*>(params.k) + k_batch_offset +
                           kv_head * params.k_head_stride + int64_t(seq.k_start) * params.k_row_stride;
-  const Element* v_base = static_cast<const Element*>(params.v) + batch * params.v_batch_stride +
+  const Element* v_base = static_cast<const Element*>(params.v) + v_batch_offset +
                           kv_head * params.v_head_stride + int64_t(seq.k_start) * params.v_row_stride;
 
   Tensor gQ = make_tensor(make_gmem_ptr(q_base), TileQ{}, make_stride(params.q_row_stride, _1{}));
@@ -104,6 +155,19 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
   auto gmem_thr_copy = gmem_copy.get_thread_slice(tid);
   Tensor cQ = gmem_thr_copy.partition_S(make_identity_tensor(TileQ{}));
   Tensor cKV = gmem_thr_copy.partition_S(make_identity_tensor(TileKV{}));
+
+  // A paged cache: the page ids of this thread's rows of the next block to load (kv_rows.h), read
+  // one block ahead. The page table is re-read from the parameters where used: kept in registers
+  // through the key loop, it cost the dense path occupancy (hd 64: 3 -> 2 CTAs per SM).
+  constexpr int kRowSlots = decltype(size<1>(cKV))::value;
+  int pages[kRowSlots];
+  auto read_pages = [&](int n) {
+    CUTE_UNROLL
+    for (int m = 0; m < kRowSlots; ++m) {
+      const int key = n * kBlockN + get<0>(cKV(0, m, 0));
+      pages[m] = key < seqlen_k ? KvRows::of(params, batch).page_of(key) : 0;
+    }
+  };
 
   // Issues the cp.async copies of key block n into a pipeline stage. Only the first block
   // loaded (the highest one) can be partial; every refill inside the loop is a full block.
@@ -123,7 +187,27 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
     Tensor tVgV = gmem_thr_copy.partition_S(gV);
     Tensor tVsV = gmem_thr_copy.partition_D(sV);
     const int valid = seqlen_k - n * kBlockN;
-    if (partial_cols) {
+    if (kPagedLoads && paged) {  // uniform: rows through the page table
+      auto row_stride0 = make_stride(Int<0>{}, _1{});
+      Tensor tKgK0 = gmem_thr_copy.partition_S(make_tensor(make_gmem_ptr(k_base), TileKV{}, row_stride0));
+      Tensor tVgV0 = gmem_thr_copy.partition_S(make_tensor(make_gmem_ptr(v_base), TileKV{}, row_stride0));
+      const int key0 = n * kBlockN;
+      if constexpr (decltype(may_be_partial)::value) read_pages(n);  // the first block; later ones were read ahead
+      int in_page[kRowSlots];  // K and V share their rows' places
+      CUTE_UNROLL
+      for (int m = 0; m < kRowSlots; ++m) in_page[m] = KvRows::of(params, batch).row_in_page(key0 + get<0>(cKV(0, m, 0)));
+      auto k_row = [&](int, int m) { return KvRows::offset(pages[m], in_page[m], params.k_batch_stride, params.k_row_stride); };
+      auto v_row = [&](int, int m) { return KvRows::offset(pages[m], in_page[m], params.v_batch_stride, params.v_row_stride); };
+      if (decltype(may_be_partial)::value && valid < kBlockN) {  // only the first block loaded
+        gather_tile<true>(gmem_copy, tKgK0, tKsK, cKV, valid, params.headdim, partial_cols, k_row);
+        gather_tile<true>(gmem_copy, tVgV0, tVsV, cKV, valid, params.headdim, partial_cols, v_row);
+      } else {
+        gather_tile<false>(gmem_copy, tKgK0, tKsK, cKV, valid, params.headdim, partial_cols, k_row);
+        gather_tile<false>(gmem_copy, tVgV0, tVsV, cKV, valid, params.headdim, partial_cols, v_row);
+      }
+      // The next block's page ids, read now: their latency passes before its loads are issued.
+      if (n - 1 >= n_begin) read_pages(n - 1);
+    } else if (partial_cols) {
       load_tile_cols<decltype(may_be_partial)::value>(gmem_copy, tKgK, tKsK, cKV, valid, params.headdim);
       load_tile_cols<decltype(may_be_partial)::value>(gmem_copy, tVgV, tVsV, cKV, valid, params.headdim);
     } else if (decltype(may_be_partial)::value && valid < kBlockN) {
@@ -178,7 +262,16 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
                         make_tensor(make_smem_ptr(sk_ptr + Traits::kKVElems), typename Traits::SmemLayoutKV{})),
                     cKV, params.headdim);
   };
-  if (partial_cols) {
+  if (packed.packed()) {  // uniform: rows of the group's heads (packed_rows.h)
+    Tensor tQsQ = gmem_thr_copy.partition_D(sQ);
+    if (partial_cols) clear_tile_cols(tQsQ, cQ, params.headdim);
+    const Element* q_group = q_base - int64_t(row0) * params.q_row_stride;
+    Tensor tQgQ0 = gmem_thr_copy.partition_S(make_tensor(make_gmem_ptr(q_group), TileQ{}, make_stride(Int<0>{}, _1{})));
+    gather_tile(gmem_copy, tQgQ0, tQsQ, cQ, seqlen_q - row0, params.headdim, partial_cols, [&](int r, int) {
+      return packed.offset(row0 + r, params.q_row_stride, params.q_head_stride);
+    });
+    if (partial_cols) clear_stage_cols(0);
+  } else if (partial_cols) {
     Tensor tQsQ = gmem_thr_copy.partition_D(sQ);
     clear_tile_cols(tQsQ, cQ, params.headdim);
     load_tile_cols<true>(gmem_copy, gmem_thr_copy.partition_S(gQ), tQsQ, cQ, seqlen_q - row0, params.headdim);
@@ -188,7 +281,7 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
                     seqlen_q - row0);
   }
   cp_async_fence();
-  int n = range.n_end - 1;
+  int n = n_end - 1;
   if (n >= n_begin) load_kv(n, 0, cute::true_type{});
   cp_async_fence();
   if constexpr (Traits::kQInRegs) {
@@ -208,7 +301,13 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
   }
 
   int stage = 0;
-  auto process_block = [&](int n_block, auto masked) {
+  // Warp w owns rows 16w + 16·kNWarps·i of the tile (the TiledMma's layout), the first being 16w.
+  // Not where Q is re-read from shared memory (the largest head dims): there the test costs the
+  // last register (measured: a spill).
+  const bool warp_has_rows = !Traits::kQInRegs || row0 + 16 * (tid / 32) < seqlen_q;
+  // always_inline: out of line, the by-reference accumulators and params go to local memory
+  // (the paged loads made it large enough for the inliner to refuse).
+  auto process_block = [&](int n_block, auto masked) __attribute__((always_inline)) {
     cp_async_wait<kStages - 2>();
     __syncthreads();  // block n_block visible; every warp is done with the stage refilled next
     const int refill = n_block - (kStages - 1);
@@ -216,6 +315,12 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
     if (refill >= n_begin) load_kv(refill, refill_stage, cute::false_type{});
     cp_async_fence();
 
+    // A warp whose rows all lie past the tile's last query row (decoding: a few rows in a
+    // large tile) only loads; its MMAs would be work on empty rows.
+    if (!warp_has_rows) {  // uniform per warp
+      stage = stage + 1 == kStages ? 0 : stage + 1;
+      return;
+    }
     Element* sk_ptr = stage_k(stage);
     Tensor sK = make_tensor(make_smem_ptr(sk_ptr), typename Traits::SmemLayoutKV{});
     Tensor sVt = make_tensor(make_smem_ptr(sk_ptr + Traits::kKVElems), typename Traits::SmemLayoutVt{});
@@ -262,6 +367,10 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
   // Epilogue: normalize, stage O through shared memory for 16-byte row stores, write LSE.
   float lse[kRows];
   softmax.finalize(acc_o_rc, lse, params.dropout_rescale);  // 1 without dropout
+  if (split_kv.splits > 1) {  // uniform: this split's part, in fp32 for merge_states.h
+    store_split_part<TileQ>(params, acc_o_rc, lse, thr_mma, packed, seq, batch, head, split, row0, seqlen_q);
+    return;
+  }
   Tensor o = convert_fragment<Element>(acc_o);
   cp_async_wait<0>();
   __syncthreads();  // O reuses Q's smem, which may have been a K/V stage
@@ -278,7 +387,12 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const int row = row0 + get<0>(tOcO_rc(r, 0));
-      if (row < seqlen_q) lse_base[row] = lse[r];
+      if (row >= seqlen_q) continue;
+      if (packed.packed())  // uniform; lse_base's head is then the group's first query head
+        params.lse[batch * params.lse_batch_stride + packed.head_of(head, row) * params.lse_head_stride + seq.q_start +
+                   packed.row_of(row)] = lse[r];
+      else
+        lse_base[row] = lse[r];
     }
   }
   __syncthreads();
@@ -293,6 +407,15 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
   Tensor tOrO = make_fragment_like(tOsO);
   copy(gmem_copy_o, tOsO, tOrO);
   Tensor tOcO = gmem_thr_copy_o.partition_D(make_identity_tensor(TileQ{}));
+  if (packed.packed()) {  // uniform: rows of the group's heads
+    Element* o_group = static_cast<Element*>(params.out) + batch * params.out_batch_stride +
+                       int64_t(packed.head_of(head, 0)) * params.out_head_stride + int64_t(seq.q_start) * params.out_row_stride;
+    Tensor tOgO0 = gmem_thr_copy_o.partition_D(make_tensor(make_gmem_ptr(o_group), TileQ{}, make_stride(Int<0>{}, _1{})));
+    scatter_tile(gmem_copy_o, tOrO, tOgO0, tOcO, seqlen_q - row0, params.headdim, [&](int r, int) {
+      return packed.offset(row0 + r, params.out_row_stride, params.out_head_stride);
+    });
+    return;
+  }
   if (partial_cols) {
     store_tile_cols(gmem_copy_o, tOrO, tOgO, tOcO, seqlen_q - row0, params.headdim);
     return;

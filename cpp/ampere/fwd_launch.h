@@ -8,6 +8,7 @@
 
 #include "ampere/fwd_config.h"
 #include "ampere/fwd_kernel.h"
+#include "kernel_registry.h"
 #include "launch_status.h"
 
 namespace flashcute::ampere {
@@ -32,24 +33,24 @@ Status prepare_fwd(Kernel kernel, int device) {
 
 template <class Traits, class Kernel>
 Status launch_fwd(Kernel kernel, const FwdKernelParams& params, cudaStream_t stream) {
+  const int splits = params.num_splits > 1 ? params.num_splits : 1;  // split-KV: z is (batch, split)
   const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.nheads,
-                  params.batch);
+                  params.batch * splits);
   kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params);
   return cuda_status(cudaGetLastError(), "ampere forward launch");
 }
 
+// The tile table the loaded image of this kernel was built with (90 or 80: its PTX version),
+// resolved per device on first use and cached, after prepare_fwd succeeded.
 template <class Element, int kHeadDim>
-Status run_fwd(const FwdKernelParams& params, cudaStream_t stream) {
+Status resolve_fwd_arch(int* arch_out) {
   using Traits90 = typename FwdTraitsFor<Element, kHeadDim, 90>::type;
   using Traits80 = typename FwdTraitsFor<Element, kHeadDim, 80>::type;
   auto kernel = &fwd_kernel<Element, kHeadDim>;
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return cuda_status(err, "cudaGetDevice");
-
-  // Per device, resolved on the first launch and cached: the tile table the loaded image was
-  // built with (its PTX version), after prepare_fwd succeeded. 0: not resolved yet.
   constexpr int kCachedDevices = 64;
-  static std::array<std::atomic<int>, kCachedDevices> tile_arch{};
+  static std::array<std::atomic<int>, kCachedDevices> tile_arch{};  // 0: not resolved yet
   int arch = device < kCachedDevices ? tile_arch[device].load(std::memory_order_acquire) : 0;
   if (arch == 0) {
     cudaFuncAttributes attributes{};
@@ -61,8 +62,38 @@ Status run_fwd(const FwdKernelParams& params, cudaStream_t stream) {
     if (!prepared.ok()) return prepared;
     if (device < kCachedDevices) tile_arch[device].store(arch, std::memory_order_release);
   }
+  *arch_out = arch;
+  return Status{};
+}
+
+template <class Element, int kHeadDim>
+Status run_fwd(const FwdKernelParams& params, cudaStream_t stream) {
+  using Traits90 = typename FwdTraitsFor<Element, kHeadDim, 90>::type;
+  using Traits80 = typename FwdTraitsFor<Element, kHeadDim, 80>::type;
+  auto kernel = &fwd_kernel<Element, kHeadDim>;
+  int arch = 0;
+  if (Status s = resolve_fwd_arch<Element, kHeadDim>(&arch); !s.ok()) return s;
   return arch == 90 ? launch_fwd<Traits90>(kernel, params, stream)
                     : launch_fwd<Traits80>(kernel, params, stream);
+}
+
+// The tile the current device runs and how many of its CTAs an SM holds (split-KV plans).
+template <class Element, int kHeadDim>
+Status fwd_tile_info(FwdTileInfo* info) {
+  using Traits90 = typename FwdTraitsFor<Element, kHeadDim, 90>::type;
+  using Traits80 = typename FwdTraitsFor<Element, kHeadDim, 80>::type;
+  int arch = 0;
+  if (Status s = resolve_fwd_arch<Element, kHeadDim>(&arch); !s.ok()) return s;
+  const int threads = arch == 90 ? Traits90::kNThreads : Traits80::kNThreads;
+  const int smem = arch == 90 ? Traits90::kSmemBytes : Traits80::kSmemBytes;
+  info->block_m = arch == 90 ? Traits90::kBlockM : Traits80::kBlockM;
+  info->block_n = arch == 90 ? Traits90::kBlockN : Traits80::kBlockN;
+  int ctas = 0;
+  if (cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, &fwd_kernel<Element, kHeadDim>, threads, smem);
+      err != cudaSuccess)
+    return cuda_status(err, "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  info->ctas_per_sm = ctas > 0 ? ctas : 1;
+  return Status{};
 }
 
 }  // namespace flashcute::ampere

@@ -357,6 +357,181 @@ Params size_query(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t nhe
 // A non-null pointer that says "ALiBi on" to the size queries, which read no pointers.
 const float kAlibiFlag = 0.f;
 
+// A 1-d or 2-d int32 device tensor on q's device (cache_seqlens, page_table), checked for shape.
+const int32_t* int32_tensor(const Tensor& t, const char* name, const Tensor& q, size_t ndim) {
+  const std::string n = name;
+  if (t.ndim() != ndim || t.dtype() != nb::dtype<int32_t>() || (t.shape(ndim - 1) > 1 && t.stride(ndim - 1) != 1))
+    throw nb::value_error((n + ": expected a " + std::to_string(ndim) + "-d int32 tensor with unit last stride").c_str());
+  if (t.device_type() != q.device_type() || t.device_id() != q.device_id())
+    throw nb::value_error((n + ": expected a tensor on q's device").c_str());
+  return static_cast<const int32_t*>(t.data());
+}
+
+// The forward and cache params of a KV-cache call (kvcache_forward and kvcache_plan share them).
+struct KvCacheCall {
+  flashcute::AttentionForwardParams p;
+  flashcute::KVCacheParams c;
+};
+
+void set_cache(KvCacheCall& call, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+               const std::optional<Tensor>& page_table, int64_t batch) {
+  const Rows kr = rows_of(k_cache, false, "k_cache"), vr = rows_of(v_cache, false, "v_cache");
+  if (!kr.same_rows(vr)) throw nb::value_error("k_cache, v_cache: shapes do not match");
+  auto& p = call.p;
+  auto& c = call.c;
+  p.k = k_cache.data(), p.v = v_cache.data();
+  p.nheads_kv = kr.heads;
+  p.headdim_v = vr.headdim;
+  p.k_batch_stride = kr.batch_stride, p.k_row_stride = kr.row_stride, p.k_head_stride = kr.head_stride;
+  p.v_batch_stride = vr.batch_stride, p.v_row_stride = vr.row_stride, p.v_head_stride = vr.head_stride;
+  if (page_table) {
+    c.page_table = int32_tensor(*page_table, "page_table", q, 2);
+    if (static_cast<int64_t>(page_table->shape(0)) != batch)
+      throw nb::value_error("page_table: expected one row per sequence (batch, max_pages)");
+    c.page_table_batch_stride = page_table->stride(0);
+    c.max_pages = page_table->shape(1);
+    c.page_size = kr.rows;
+    c.num_pages = kr.batch;
+  } else {
+    if (kr.batch != batch) throw nb::value_error("k_cache: expected one cache per sequence (batch, seqlen_cache, heads, d)");
+    p.seqlen_k = kr.rows;
+  }
+}
+
+void kvcache_forward(Tensor q, Tensor k_cache, Tensor v_cache, MutableTensor out, std::optional<MutableTensor> lse,
+                     Tensor cache_seqlens, std::optional<Tensor> page_table, std::optional<Tensor> k_new,
+                     std::optional<Tensor> v_new, std::optional<Tensor> cu_seqlens_q, int64_t max_seqlen_q,
+                     float softmax_scale, bool causal, int64_t window_left, int64_t window_right, float softcap,
+                     std::optional<Tensor> alibi_slopes, int64_t num_splits, std::optional<MutableTensor> workspace,
+                     int backend, uintptr_t stream) {
+  const Varlen vl(cu_seqlens_q, std::nullopt, std::nullopt, q);
+  const Rows qr = rows_of(q, vl.packed_q(), "q"), outr = rows_of(out, vl.packed_q(), "out");
+  if (!outr.same_rows(qr)) throw nb::value_error("q, out: shapes do not match");
+  if (cache_seqlens.ndim() != 1) throw nb::value_error("cache_seqlens: expected a 1-d int32 tensor (batch,)");
+  const int64_t batch = vl.packed_q() ? vl.batch : qr.batch;
+  KvCacheCall call;
+  auto& p = call.p;
+  auto& c = call.c;
+  c.cache_seqlens = int32_tensor(cache_seqlens, "cache_seqlens", q, 1);
+  if (static_cast<int64_t>(cache_seqlens.shape(0)) != batch)
+    throw nb::value_error("cache_seqlens: expected one entry per sequence (batch,)");
+  p.q = q.data(), p.out = out.data();
+  p.batch = batch;
+  p.seqlen_q = qr.rows, p.nheads = qr.heads, p.headdim = qr.headdim;
+  if (vl.packed_q()) p.cu_seqlens_q = vl.cu_seqlens_q, p.total_q = qr.rows, p.seqlen_q = max_seqlen_q;
+  set_cache(call, q, k_cache, v_cache, page_table, batch);
+  if (outr.headdim != p.headdim_v) throw nb::value_error("out: expected v_cache's head dim");
+  p.q_batch_stride = qr.batch_stride, p.q_row_stride = qr.row_stride, p.q_head_stride = qr.head_stride;
+  p.out_batch_stride = outr.batch_stride, p.out_row_stride = outr.row_stride, p.out_head_stride = outr.head_stride;
+  if (lse) {
+    lse_strides(*lse, vl.packed_q(), qr, &p.lse_batch_stride, &p.lse_head_stride);
+    p.lse = static_cast<float*>(lse->data());
+  }
+  if (k_new.has_value() != v_new.has_value()) throw nb::value_error("k_new, v_new: pass both or neither");
+  if (k_new) {
+    const Rows knr = rows_of(*k_new, false, "k_new"), vnr = rows_of(*v_new, false, "v_new");
+    if (!knr.same_rows(vnr) || knr.batch != batch || knr.heads != p.nheads_kv || knr.headdim != p.headdim ||
+        vnr.headdim != p.headdim_v)
+      throw nb::value_error("k_new, v_new: expected (batch, seqlen_new, nheads_kv, headdim) like the caches");
+    c.k_new = k_new->data(), c.v_new = v_new->data(), c.seqlen_new = knr.rows;
+    c.k_new_batch_stride = knr.batch_stride, c.k_new_row_stride = knr.row_stride, c.k_new_head_stride = knr.head_stride;
+    c.v_new_batch_stride = vnr.batch_stride, c.v_new_row_stride = vnr.row_stride, c.v_new_head_stride = vnr.head_stride;
+    if (k_new->dtype() != q.dtype() || v_new->dtype() != q.dtype())
+      throw nb::type_error("k_new, v_new: expected q's dtype");
+  }
+  c.num_splits = num_splits;
+  if (workspace) p.workspace = workspace->data(), p.workspace_bytes = workspace->nbytes();
+  p.softmax_scale = softmax_scale;
+  p.causal = causal;
+  p.window_left = window_left, p.window_right = window_right;
+  p.softcap = softcap;
+  p.dtype = to_dtype(q.dtype());
+  p.device = q.device_id();
+  p.stream = reinterpret_cast<cudaStream_t>(stream);
+  if (k_cache.dtype() != q.dtype() || v_cache.dtype() != q.dtype() || out.dtype() != q.dtype())
+    throw nb::type_error("q, k_cache, v_cache, out: expected one dtype for all four");
+  set_alibi_slopes(p, alibi_slopes, q);
+  flashcute::Status status;
+  {
+    nb::gil_scoped_release release;
+    status = flashcute::attention_with_kvcache(p, c, static_cast<flashcute::Backend>(backend));
+  }
+  raise_on_error(status);
+}
+
+std::tuple<int64_t, size_t> kvcache_plan(int64_t batch, int64_t seqlen_q, int64_t nheads, int64_t nheads_kv,
+                                         int64_t headdim, int64_t headdim_v, int64_t max_seqlen_k, int64_t num_splits,
+                                         int64_t total_q, const std::string& dtype, bool causal, int64_t window_left,
+                                         int64_t window_right, bool alibi, int device, int backend, bool paged) {
+  static const int32_t kNotRead = 0;
+  KvCacheCall call;
+  auto& p = call.p;
+  p.batch = batch, p.seqlen_q = seqlen_q, p.nheads = nheads, p.nheads_kv = nheads_kv;
+  p.headdim = headdim, p.headdim_v = headdim_v, p.seqlen_k = max_seqlen_k;
+  if (dtype != "float16" && dtype != "bfloat16") throw nb::value_error("dtype: expected 'float16' or 'bfloat16'");
+  p.dtype = dtype == "bfloat16" ? flashcute::DType::kBFloat16 : flashcute::DType::kFloat16;
+  p.causal = causal, p.window_left = window_left, p.window_right = window_right;
+  p.softmax_scale = 1.f;
+  if (alibi) p.alibi_slopes = &kAlibiFlag;
+  if (total_q >= 0) p.cu_seqlens_q = &kNotRead, p.total_q = total_q;
+  p.device = device;
+  call.c.cache_seqlens = &kNotRead;
+  call.c.num_splits = num_splits;
+  if (paged) {  // the plan's kernel depends on it (paged_kernels.h); sizes stand in for the cache's
+    call.c.page_table = &kNotRead;
+    call.c.page_size = 1, call.c.num_pages = 1, call.c.max_pages = std::max<int64_t>(max_seqlen_k, 1);
+  }
+  int64_t splits = 1;
+  size_t bytes = 0;
+  raise_on_error(flashcute::attention_with_kvcache_plan(p, call.c, &splits, &bytes, static_cast<flashcute::Backend>(backend)));
+  return {splits, bytes};
+}
+
+flashcute::DType merge_dtype(nb::dlpack::dtype dt) {
+  if (dt == nb::dtype<float>()) return flashcute::DType::kFloat32;
+  if (dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat) && dt.bits == 16 && dt.lanes == 1)
+    return flashcute::DType::kBFloat16;
+  if (dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float) && dt.bits == 16 && dt.lanes == 1)
+    return flashcute::DType::kFloat16;
+  throw nb::type_error(("out_a: expected float16, bfloat16 or float32, got " + dtype_name(dt)).c_str());
+}
+
+void merge_states(Tensor out_a, Tensor lse_a, Tensor out_b, Tensor lse_b, MutableTensor out, MutableTensor lse,
+                  uintptr_t stream) {
+  const Rows a = rows_of(out_a, false, "out_a"), b = rows_of(out_b, false, "out_b"), o = rows_of(out, false, "out");
+  if (!a.same_shape(b) || !a.same_shape(o)) throw nb::value_error("out_a, out_b, out: shapes do not match");
+  if (out_b.dtype() != out_a.dtype() || out.dtype() != out_a.dtype())
+    throw nb::type_error("out_a, out_b, out: expected one dtype");
+  auto lse_view = [&](const auto& t, const char* name, int64_t* bs, int64_t* hs, int64_t* rs) {
+    if (t.ndim() != 3 || t.dtype() != nb::dtype<float>() || static_cast<int64_t>(t.shape(0)) != a.batch ||
+        static_cast<int64_t>(t.shape(1)) != a.heads || static_cast<int64_t>(t.shape(2)) != a.rows)
+      throw nb::value_error((std::string(name) + ": expected a float32 (batch, nheads, seqlen) tensor").c_str());
+    *bs = t.stride(0), *hs = t.stride(1), *rs = t.stride(2);
+    return static_cast<const float*>(t.data());
+  };
+  for (const Tensor* t : {&out_a, &out_b, &lse_a, &lse_b})
+    if (t->device_type() != out.device_type() || t->device_id() != out.device_id())
+      throw nb::value_error("out_a, lse_a, out_b, lse_b: expected tensors on out's device");
+  flashcute::MergeAttentionStatesParams p;
+  p.out_a = out_a.data(), p.out_b = out_b.data(), p.out = out.data();
+  p.lse_a = lse_view(lse_a, "lse_a", &p.lse_a_batch_stride, &p.lse_a_head_stride, &p.lse_a_row_stride);
+  p.lse_b = lse_view(lse_b, "lse_b", &p.lse_b_batch_stride, &p.lse_b_head_stride, &p.lse_b_row_stride);
+  p.lse = const_cast<float*>(lse_view(lse, "lse", &p.lse_batch_stride, &p.lse_head_stride, &p.lse_row_stride));
+  p.batch = a.batch, p.seqlen = a.rows, p.nheads = a.heads, p.headdim = a.headdim;
+  p.out_a_batch_stride = a.batch_stride, p.out_a_row_stride = a.row_stride, p.out_a_head_stride = a.head_stride;
+  p.out_b_batch_stride = b.batch_stride, p.out_b_row_stride = b.row_stride, p.out_b_head_stride = b.head_stride;
+  p.out_batch_stride = o.batch_stride, p.out_row_stride = o.row_stride, p.out_head_stride = o.head_stride;
+  p.dtype = merge_dtype(out_a.dtype());
+  p.device = out.device_id();
+  p.stream = reinterpret_cast<cudaStream_t>(stream);
+  flashcute::Status status;
+  {
+    nb::gil_scoped_release release;
+    status = flashcute::merge_attention_states(p);
+  }
+  raise_on_error(status);
+}
+
 // A size query's variable-length layout: total_q / total_k >= 0 for a packed side, -1 for a
 // batched one; seqlen_q / seqlen_k are then the longest sequences' lengths. The queries read
 // no pointer, only whether one is given: a placeholder address stands in for the device data.
@@ -529,6 +704,23 @@ NB_MODULE(_C, m) {
         nb::arg("dropout_rng_state").none() = nb::none(),
         "Attention forward into out (and lse when given); cu_seqlens_q / cu_seqlens_k make q, out / k, v "
         "packed (total, heads, headdim) and lse (heads, total_q).");
+  m.def("kvcache_forward", &kvcache_forward, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("out"),
+        nb::arg("lse").none(), nb::arg("cache_seqlens"), nb::arg("page_table").none(), nb::arg("k_new").none(),
+        nb::arg("v_new").none(), nb::arg("cu_seqlens_q").none(), nb::arg("max_seqlen_q"), nb::arg("softmax_scale"),
+        nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap"),
+        nb::arg("alibi_slopes").none(), nb::arg("num_splits"), nb::arg("workspace").none(), nb::arg("backend"),
+        nb::arg("stream"),
+        "Attention against a KV cache (contiguous, or paged with page_table), after appending k_new/v_new at "
+        "cache_seqlens; num_splits and workspace from kvcache_plan.");
+  m.def("kvcache_plan", &kvcache_plan, nb::arg("batch"), nb::arg("seqlen_q"), nb::arg("nheads"), nb::arg("nheads_kv"),
+        nb::arg("headdim"), nb::arg("headdim_v"), nb::arg("max_seqlen_k"), nb::arg("num_splits"), nb::arg("total_q"),
+        nb::arg("dtype"), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"), nb::arg("alibi"),
+        nb::arg("device"), nb::arg("backend"), nb::arg("paged") = false,
+        "(num_splits, workspace bytes) of a KV-cache call; max_seqlen_k: the cache's capacity in keys; "
+        "total_q >= 0 with cu_seqlens_q, else -1; num_splits 0 asks for the heuristic; paged: a page table.");
+  m.def("merge_states", &merge_states, nb::arg("out_a"), nb::arg("lse_a"), nb::arg("out_b"), nb::arg("lse_b"),
+        nb::arg("out"), nb::arg("lse"), nb::arg("stream"),
+        "Merges two attention states (out, lse) of the same rows over disjoint keys into out and lse.");
   m.def("forward_workspace_size", &forward_workspace_size, nb::arg("batch"), nb::arg("seqlen_q"),
         nb::arg("seqlen_k"), nb::arg("nheads"), nb::arg("nheads_kv"), nb::arg("headdim"),
         nb::arg("dtype"), nb::arg("causal"), nb::arg("backend"), nb::arg("device"),

@@ -4,7 +4,10 @@
 (batch, seqlen, heads, headdim) and is differentiable for torch tensors;
 ``flashcute.attention_backward`` computes the gradients on any of them;
 ``flashcute.attention_varlen`` and ``flashcute.attention_varlen_backward`` do the same for
-packed batches of sequences of different lengths. ``flashcute.sdpa``,
+packed batches of sequences of different lengths. ``flashcute.attention_with_kvcache`` attends
+against a contiguous or paged key/value cache, appending new keys in place (decoding, chunked
+prefill), and ``flashcute.merge_attention_states`` merges two partial attention results over
+their log-sum-exp. ``flashcute.sdpa``,
 ``flashcute.flash_attn_func`` and ``flashcute.flash_attn_varlen_func`` take torch SDPA's and
 FlashAttention's signatures and layouts;
 ``flashcute.integrations.transformers`` plugs into Hugging Face transformers.
@@ -28,6 +31,7 @@ from ._dropout import dropout_rng_state
 from .attention import attention
 from .backward import attention_backward
 from .flash_attn_compat import flash_attn_func, flash_attn_varlen_func
+from .kvcache import attention_with_kvcache, merge_attention_states
 from .sdpa import sdpa
 from .varlen import attention_varlen, attention_varlen_backward
 
@@ -35,8 +39,9 @@ __version__: str = _package_version()
 
 __all__ = [
     "__version__", "attention", "attention_backward", "attention_varlen",
-    "attention_varlen_backward", "build_info", "cmake_prefix_path", "dropout_rng_state",
-    "flash_attn_func", "flash_attn_varlen_func", "reference", "sdpa", "testing",
+    "attention_varlen_backward", "attention_with_kvcache", "build_info", "cmake_prefix_path",
+    "dropout_rng_state", "flash_attn_func", "flash_attn_varlen_func", "merge_attention_states",
+    "reference", "sdpa", "testing",
 ]
 
 

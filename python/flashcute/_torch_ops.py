@@ -373,6 +373,7 @@ def _scale(q: Tensor, softmax_scale: Optional[float]) -> float:
     return 1.0 / math.sqrt(headdim) if headdim > 0 else 1.0
 
 
-# The variable-length custom ops register with these: one import makes every flashcute op
-# known to torch.
+# The variable-length and KV-cache custom ops register with these: one import makes every
+# flashcute op known to torch.
 from . import _torch_varlen  # noqa: E402,F401
+from . import _torch_kvcache  # noqa: E402,F401

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Sequence, Union
+from typing import Any, NamedTuple, Optional, Sequence, Union
 
 import torch
 
@@ -300,3 +300,238 @@ def attention_varlen(
         out[rows] = out_b[0]  # sequences never overlap; autograd records the slice copies
         lse[:, rows] = lse_b[0]
     return (out, lse) if return_lse else out
+
+
+class KVCacheResult(NamedTuple):
+    """What :func:`attention_with_kvcache` returns: the output and lse, and copies of the
+    caches with the appended keys and values written in."""
+
+    out: torch.Tensor
+    lse: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+
+
+def _int_rows(name: str, x: Any, shape: tuple[int, ...]) -> list[Any]:
+    """An int32 tensor of ``shape`` as nested lists; TypeError/ValueError naming it."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__qualname__}")
+    if x.dtype != torch.int32 or tuple(x.shape) != shape:
+        raise ValueError(
+            f"{name}: expected an int32 tensor of shape {shape}, got {x.dtype} of shape "
+            f"{tuple(x.shape)}"
+        )
+    return x.tolist()
+
+
+def _key_slots(
+    cache: torch.Tensor, b: int, positions: torch.Tensor, table: Optional[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first index, second index) of sequence ``b``'s key ``positions`` in a cache: (page,
+    row in the page) through the page table, else (b, position)."""
+    if table is None:
+        return torch.full_like(positions, b), positions
+    page_size = cache.shape[1]
+    return table[b][positions // page_size], positions % page_size
+
+
+def attention_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    *,
+    cache_seqlens: torch.Tensor,
+    page_table: Optional[torch.Tensor] = None,
+    k_new: Optional[torch.Tensor] = None,
+    v_new: Optional[torch.Tensor] = None,
+    cu_seqlens_q: Optional[torch.Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    causal: bool = False,
+    softmax_scale: Optional[float] = None,
+    window: Sequence[int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    dtype: torch.dtype = torch.float64,
+) -> KVCacheResult:
+    """``flashcute.attention_with_kvcache``'s semantics, computed by :func:`attention` per
+    sequence on the gathered cache; the given caches are not modified.
+
+    The appends are written first, into copies of the caches: sequence ``b``'s ``k_new[b]``,
+    ``v_new[b]`` at key positions ``cache_seqlens[b]`` onwards (key ``j`` of a paged cache is
+    row ``j % page_size`` of page ``page_table[b, j // page_size]``). Then sequence ``b``'s
+    first ``cache_seqlens[b] + seqlen_new`` keys are gathered into a contiguous sequence, and
+    its queries (``q[b]``, or rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` of a packed q) attend
+    to them as one :func:`attention` call with the same keywords (masks and ALiBi aligned
+    bottom-right to that key count). Rows with no visible key, and packed rows outside every
+    sequence, give zeros and lse -inf.
+
+    Unlike the kernels, which clamp them, the values are checked here: key counts from 0 to
+    the capacity less seqlen_new, page ids of the pages in use within ``[0, num_pages)``,
+    offsets non-decreasing within q's rows, no sequence longer than ``max_seqlen_q``.
+
+    Args:
+        q: (batch, seqlen_q, nheads, headdim), or packed (total_q, nheads, headdim) with
+            ``cu_seqlens_q``.
+        k_cache, v_cache: (batch, seqlen_cache, nheads_kv, headdim), or paged
+            (num_pages, page_size, nheads_kv, headdim) with ``page_table``.
+        cache_seqlens: int32 (batch,), the keys before the append.
+        page_table: int32 (batch, max_pages), or None for a contiguous cache.
+        k_new, v_new: (batch, seqlen_new, nheads_kv, headdim), both or neither (batched q
+            only).
+        cu_seqlens_q: int32 (batch + 1,) offsets into a packed q; ``max_seqlen_q`` an upper
+            bound of its sequences' lengths (optional here).
+        causal, softmax_scale, window, softcap, alibi_slopes, dtype: as in :func:`attention`
+            (``alibi_slopes`` (nheads,) or (batch, nheads)).
+
+    Returns:
+        ``KVCacheResult(out, lse, k_cache, v_cache)``: out like q with v's head dim, in
+        ``dtype``; lse (batch, nheads, seqlen_q), or (nheads, total_q) when packed, in
+        ``dtype`` (float32 for float16/bfloat16); the updated copies of the caches in their
+        own dtype and layout.
+    """
+    varlen = cu_seqlens_q is not None
+    rank = 3 if varlen else 4
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__qualname__}")
+        if x.dim() != (rank if name == "q" else 4):
+            raise ValueError(f"{name}: expected a {rank if name == 'q' else 4}-d tensor, got "
+                             f"shape {tuple(x.shape)}")
+    if k_cache.shape[:-1] != v_cache.shape[:-1]:
+        raise ValueError(f"v_cache: shape {tuple(v_cache.shape)} does not match k_cache's "
+                         f"{tuple(k_cache.shape)}")
+    if varlen:
+        assert cu_seqlens_q is not None
+        starts = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0])
+        batch = len(starts) - 1
+        longest = max((e - s for s, e in zip(starts, starts[1:])), default=0)
+        if max_seqlen_q is not None and longest > max_seqlen_q:
+            raise ValueError(f"max_seqlen_q: {max_seqlen_q} is below the longest sequence's "
+                             f"{longest} queries")
+        if k_new is not None or v_new is not None:
+            raise ValueError("k_new: appends take a batched q only")
+    else:
+        batch = q.shape[0]
+        starts = []
+    lengths = _int_rows("cache_seqlens", cache_seqlens, (batch,))
+    table = None
+    if page_table is not None:
+        if not isinstance(page_table, torch.Tensor) or page_table.dim() != 2:
+            raise ValueError("page_table: expected a 2-d int32 tensor (batch, max_pages)")
+        max_pages = page_table.shape[1]
+        rows = _int_rows("page_table", page_table, (batch, max_pages))
+        capacity = max_pages * k_cache.shape[1]
+        table = torch.tensor(rows, dtype=torch.long, device=k_cache.device).reshape(batch, max_pages)
+    else:
+        if k_cache.shape[0] != batch:
+            raise ValueError(f"k_cache: batch size {k_cache.shape[0]} does not match {batch}")
+        capacity = k_cache.shape[1]
+    if (k_new is None) != (v_new is None):
+        raise ValueError("k_new, v_new: expected both or neither")
+    seqlen_new = 0
+    if k_new is not None and v_new is not None:
+        seqlen_new = k_new.shape[1]
+        want = (batch, seqlen_new, *k_cache.shape[2:])
+        if tuple(k_new.shape) != want or tuple(v_new.shape) != (*want[:3], v_cache.shape[3]):
+            raise ValueError(f"k_new: expected shape {want}, got {tuple(k_new.shape)} and v_new "
+                             f"{tuple(v_new.shape)}")
+    num_pages, page_size = k_cache.shape[0], k_cache.shape[1]
+    for b, n in enumerate(lengths):
+        if not 0 <= n <= capacity - seqlen_new:
+            raise ValueError(
+                f"cache_seqlens: sequence {b} holds {n} keys; with {seqlen_new} appended they "
+                f"must fit the capacity of {capacity} keys"
+            )
+        if table is not None:
+            used = table[b][: -(-(n + seqlen_new) // page_size)].tolist()
+            if any(not 0 <= page < num_pages for page in used):
+                raise ValueError(f"page_table: sequence {b} uses pages {used}, outside "
+                                 f"[0, {num_pages})")
+
+    k_all, v_all = k_cache.clone(), v_cache.clone()
+    if k_new is not None and v_new is not None:
+        for b, n in enumerate(lengths):
+            slot = _key_slots(k_all, b, torch.arange(n, n + seqlen_new, device=k_all.device), table)
+            k_all[slot] = k_new[b].to(k_all.dtype)
+            v_all[slot] = v_new[b].to(v_all.dtype)
+
+    nheads, headdim_v = q.shape[-2], v_cache.shape[-1]
+    lse_dtype = torch.float32 if dtype in _LOW_PRECISION else dtype
+    if varlen:
+        out = torch.zeros(q.shape[0], nheads, headdim_v, dtype=dtype, device=q.device)
+        lse = torch.full((nheads, q.shape[0]), float("-inf"), dtype=lse_dtype, device=q.device)
+    else:
+        out = torch.zeros(*q.shape[:3], headdim_v, dtype=dtype, device=q.device)
+        lse = torch.full((batch, nheads, q.shape[1]), float("-inf"), dtype=lse_dtype,
+                         device=q.device)
+    for b, n in enumerate(lengths):
+        slot = _key_slots(k_all, b, torch.arange(n + seqlen_new, device=k_all.device), table)
+        keys, values = k_all[slot][None].to(q.device), v_all[slot][None].to(q.device)
+        slopes = alibi_slopes
+        if slopes is not None and slopes.dim() == 2:
+            slopes = slopes[b]
+        rows = slice(starts[b], starts[b + 1]) if varlen else slice(b, b + 1)
+        q_b = q[None, rows] if varlen else q[rows]
+        out_b, lse_b = attention(
+            q_b, keys, values, causal=causal, softmax_scale=softmax_scale, window=window,
+            softcap=softcap, alibi_slopes=slopes, return_lse=True, dtype=dtype,
+        )
+        if varlen:
+            out[rows], lse[:, rows] = out_b[0], lse_b[0]
+        else:
+            out[rows], lse[rows] = out_b, lse_b
+    return KVCacheResult(out, lse, k_all, v_all)
+
+
+def merge_attention_states(
+    out_a: torch.Tensor,
+    lse_a: torch.Tensor,
+    out_b: torch.Tensor,
+    lse_b: torch.Tensor,
+    *,
+    dtype: torch.dtype = torch.float64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``flashcute.merge_attention_states``'s semantics in ``dtype``: with
+    ``lse = log(exp(lse_a) + exp(lse_b))``, ``out = exp(lse_a - lse) * out_a +
+    exp(lse_b - lse) * out_b``, where a state whose lse is -inf adds nothing; rows with lse
+    -inf in both give zeros and lse -inf.
+
+    Args:
+        out_a, out_b: (batch, seqlen, nheads, headdim), or packed (total, nheads, headdim).
+        lse_a, lse_b: (batch, nheads, seqlen), or (nheads, total) for packed states.
+        dtype: precision of the computation and of both results.
+
+    Returns:
+        ``(out, lse)`` of out_a's and lse_a's shapes, in ``dtype``.
+    """
+    for name, x in (("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__qualname__}")
+    if out_a.dim() not in (3, 4) or out_b.shape != out_a.shape:
+        raise ValueError(f"out_b: shape {tuple(out_b.shape)} does not match out_a's "
+                         f"{tuple(out_a.shape)} (3-d or 4-d)")
+    packed = out_a.dim() == 3
+    want = (out_a.shape[1], out_a.shape[0]) if packed else (
+        out_a.shape[0], out_a.shape[2], out_a.shape[1])
+    for name, x in (("lse_a", lse_a), ("lse_b", lse_b)):
+        if tuple(x.shape) != want:
+            raise ValueError(f"{name}: expected shape {want}, got {tuple(x.shape)}")
+    la, lb = lse_a.to(dtype), lse_b.to(dtype)
+    lse = torch.logaddexp(la, lb)
+    finite = torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)
+    # Row weights, broadcast to the output's (..., seqlen, nheads, 1) layout.
+    wa, wb = torch.exp(la - finite), torch.exp(lb - finite)
+    if packed:
+        wa, wb = wa.transpose(0, 1)[..., None], wb.transpose(0, 1)[..., None]
+    else:
+        wa, wb = wa.transpose(1, 2)[..., None], wb.transpose(1, 2)[..., None]
+    # A state whose lse is -inf adds nothing, whatever its output holds.
+    zero = torch.zeros((), dtype=dtype, device=out_a.device)
+    out = (torch.where(wa > 0, wa * out_a.to(dtype), zero)
+           + torch.where(wb > 0, wb * out_b.to(dtype), zero))
+    return out, lse
+
+
+#: The names the tests and the issue use for these references.
+attention_with_kvcache_reference = attention_with_kvcache
+merge_attention_states_reference = merge_attention_states

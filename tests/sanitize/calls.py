@@ -2,7 +2,8 @@
 
     python tests/sanitize/calls.py FAMILY [--forward-from PATH]
 
-FAMILY is one of ampere-fwd, hopper-fwd, ampere-bwd, ampere-bwd-deterministic, hopper-bwd.
+FAMILY is one of ampere-fwd, hopper-fwd, ampere-bwd, ampere-bwd-deterministic, hopper-bwd,
+kvcache (``attention_with_kvcache`` and ``merge_attention_states``: kvcache_calls.py).
 The backward families take out and lse from a forward on the given path (``--forward-from``,
 default: the same path), so that a report can be told apart from the forward's own writes.
 Shapes: bf16 and fp16, head dims 64 and 128 and, on the next larger kernels (which read and
@@ -26,7 +27,8 @@ import torch
 
 import flashcute
 
-FAMILIES = ("ampere-fwd", "hopper-fwd", "ampere-bwd", "ampere-bwd-deterministic", "hopper-bwd")
+FAMILIES = ("ampere-fwd", "hopper-fwd", "ampere-bwd", "ampere-bwd-deterministic", "hopper-bwd",
+            "kvcache")
 SHAPES = ((1, 129, 129), (2, 333, 129), (1, 65, 333))  # (batch, seqlen_q, seqlen_k)
 # Dense, both mask features, both with ALiBi (its slopes are made per call), dropout with a
 # seed and offset, and dropout beside the mask features with a rng state on the device (made
@@ -79,6 +81,10 @@ def _features(mask: dict, batch: int, gen: torch.Generator) -> dict:
 
 
 def _calls(family: str, forward_from: str | None) -> int:
+    if family == "kvcache":
+        from kvcache_calls import kvcache_calls  # beside this file
+
+        return kvcache_calls()
     path = family.split("-")[0]
     built = flashcute.build_info()["backends"][path]
     head_dims = built["backward_head_dims" if "bwd" in family else "head_dims"]

@@ -2,6 +2,7 @@
 # compute-sanitizer's four tools over small calls of each kernel family (calls.py): any
 # reported error fails the run. Usage, on a GPU machine with flashcute installed:
 #   bash tests/sanitize/run.sh [FAMILY ...]     # default: every family this GPU runs
+# (kvcache: the KV-cache and merge corpus of kvcache_calls.py, fuzzed page tables and lengths)
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 families=("$@")
@@ -12,6 +13,7 @@ b = flashcute.build_info()["backends"]
 f = ["ampere-fwd", "ampere-bwd", "ampere-bwd-deterministic"]
 if c.device_capability(0) == 90:
     f += ["hopper-fwd"] * bool(b["hopper"]["head_dims"]) + ["hopper-bwd"] * bool(b["hopper"]["backward_head_dims"])
+f += ["kvcache"] * hasattr(c, "kvcache_forward")
 print(" ".join(f))')
 fi
 failed=0

@@ -17,7 +17,7 @@
 
 namespace flashcute {
 
-enum class DType : int32_t { kFloat16 = 0, kBFloat16 = 1 };
+enum class DType : int32_t { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2 /* merge_attention_states only */ };
 
 // Which kernel family runs the call. kAuto picks by the device's compute capability.
 enum class Backend : int32_t { kAuto = 0, kAmpere = 1, kHopper = 2 };
@@ -202,6 +202,73 @@ FLASHCUTE_API Status attention_backward_workspace_size(const AttentionBackwardPa
 FLASHCUTE_API Status attention_backward(const AttentionBackwardParams& params,
                                         Backend backend = Backend::kAuto);
 
+// A KV cache for attention_with_kvcache. The forward params' k and v are the caches:
+//  - batched: (batch, seqlen_cache, nheads_kv, headdim) with seqlen_k = seqlen_cache;
+//  - paged (page_table not null): (num_pages, page_size, nheads_kv, headdim), k_batch_stride and
+//    v_batch_stride stepping one page; key row r of sequence b is row r % page_size of page
+//    page_table[b * page_table_batch_stride + r / page_size], and seqlen_k is ignored (the
+//    capacity is max_pages * page_size). Any page size >= 1.
+// Sequence b attends to its first cache_seqlens[b] + seqlen_new keys (causal and window align
+// to that length). With k_new/v_new (batch, seqlen_new, nheads_kv, headdim), the call first
+// writes them into the cache at rows cache_seqlens[b] .. + seqlen_new - 1 (not with
+// cu_seqlens_q); cache_seqlens is not advanced. Values in cache_seqlens and page_table are not
+// read on the host: the kernels clamp them, so that none makes an access leave the tensors (an
+// append to a row outside the capacity or to a page id outside [0, num_pages) is skipped).
+struct KVCacheParams {
+  const int32_t* cache_seqlens = nullptr;  // (batch), device int32: keys before the append
+  const int32_t* page_table = nullptr;     // (batch, max_pages), device int32; null: batched
+  int64_t page_table_batch_stride = 0;
+  int64_t max_pages = 0, page_size = 0, num_pages = 0;
+  const void* k_new = nullptr;
+  const void* v_new = nullptr;
+  int64_t seqlen_new = 0;
+  int64_t k_new_batch_stride = 0, k_new_row_stride = 0, k_new_head_stride = 0;
+  int64_t v_new_batch_stride = 0, v_new_row_stride = 0, v_new_head_stride = 0;
+  // Key blocks of each query tile split over this many CTAs (split-KV), merged through the
+  // workspace; 0: chosen from the device's wave efficiency (attention_with_kvcache_plan).
+  int64_t num_splits = 0;
+};
+
+// The splits a KV-cache call runs with and the workspace it needs (fp32 partial outputs, 0 bytes
+// for one split), for the params' sizes, mask and head dims on params.device (no pointer is
+// read). The same params give the same plan, so a CUDA graph may capture the call.
+FLASHCUTE_API Status attention_with_kvcache_plan(const AttentionForwardParams& params, const KVCacheParams& cache,
+                                                 int64_t* num_splits, size_t* workspace_bytes,
+                                                 Backend backend = Backend::kAuto);
+
+// Attention against a KV cache (decoding, chunked prefill): appends k_new/v_new, then runs the
+// forward over the cache with the params' q, out, lse, scale, causal, window, softcap and ALiBi
+// (q may be packed with cu_seqlens_q; cu_seqlens_k, seqused_k and dropout are refused). Runs on
+// the Ampere-path kernels on every GPU (kAuto; kHopper is refused). params.workspace:
+// attention_with_kvcache_plan's bytes. No allocation and no host synchronization: capturable.
+FLASHCUTE_API Status attention_with_kvcache(const AttentionForwardParams& params, const KVCacheParams& cache,
+                                            Backend backend = Backend::kAuto);
+
+// Two attention outputs of the same query rows over disjoint key sets, merged:
+// lse = log(exp(lse_a) + exp(lse_b)), out = exp(lse_a - lse)·out_a + exp(lse_b - lse)·out_b.
+// out_* (batch, seqlen, nheads, headdim), unit headdim stride, one dtype (float16, bfloat16 or
+// float32); lse_* float32 (batch, nheads, seqlen). Rows empty in both (lse -inf) give zeros and
+// -inf; a state with lse = -inf is not read.
+struct MergeAttentionStatesParams {
+  const void* out_a = nullptr;
+  const void* out_b = nullptr;
+  const float* lse_a = nullptr;
+  const float* lse_b = nullptr;
+  void* out = nullptr;
+  float* lse = nullptr;  // may be null
+  int64_t batch = 0, seqlen = 0, nheads = 0, headdim = 0;
+  int64_t out_a_batch_stride = 0, out_a_row_stride = 0, out_a_head_stride = 0;
+  int64_t out_b_batch_stride = 0, out_b_row_stride = 0, out_b_head_stride = 0;
+  int64_t out_batch_stride = 0, out_row_stride = 0, out_head_stride = 0;
+  int64_t lse_a_batch_stride = 0, lse_a_head_stride = 0, lse_a_row_stride = 0;
+  int64_t lse_b_batch_stride = 0, lse_b_head_stride = 0, lse_b_row_stride = 0;
+  int64_t lse_batch_stride = 0, lse_head_stride = 0, lse_row_stride = 0;
+  DType dtype = DType::kFloat16;
+  int device = -1;
+  cudaStream_t stream = nullptr;
+};
+FLASHCUTE_API Status merge_attention_states(const MergeAttentionStatesParams& params);
+
 // What dispatch reads of a call: its head dims, dtype and, for a backward, `deterministic`.
 struct KernelQuery {
   int64_t headdim = 0;    // q's and k's; 0: any (asks about the path alone)
@@ -210,6 +277,8 @@ struct KernelQuery {
   bool any_dtype = false;  // true: dtype is not asked about
   bool backward = false;
   bool deterministic = false;  // backward only
+  bool kv_cache = false;       // attention_with_kvcache (forward): the Ampere-path kernels
+  bool paged_kv = false;       // with a page table: a kernel of head dim above 64 (paged loads)
 };
 
 // The compiled kernel that runs a call.
