@@ -608,14 +608,23 @@ Status check_kvcache(const AttentionForwardParams& given, const KVCacheParams& c
     return invalid("k_new: appends need a batched q; with cu_seqlens_q the new keys must be in the cache already");
   if (c.num_splits < 0 || c.num_splits > 1024) return invalid("num_splits: expected 0 (chosen) to 1024");
   const AttentionForwardParams p = cache_view(given, c);
+  if (p.batch == 0) return Status{};  // no sequence: nothing to append or attend
   if (c.seqlen_new > p.seqlen_k)
     return make_status(StatusCode::kInvalidArgument, "k_new: %lld new keys do not fit a cache of %lld keys per sequence",
                        static_cast<long long>(c.seqlen_new), static_cast<long long>(p.seqlen_k));
   if (Status s = check_problem(p); !s.ok()) return s;
   const bool attends = p.seqlen_q > 0 && p.nheads > 0;  // without query rows, only the append runs
   if (p.batch == 0 || (!attends && c.seqlen_new == 0)) return Status{};
-  if ((attends && (p.q == nullptr || p.out == nullptr)) || p.k == nullptr || p.v == nullptr)
-    return invalid("q, k_cache, v_cache and out must not be null");
+  const bool reads_cache = p.seqlen_k > 0 || c.seqlen_new > 0;
+  const struct { const char* name; const void* ptr; bool needed; } pointers[] = {
+      {"q", p.q, attends}, {"out", p.out, attends}, {"k_cache", p.k, reads_cache}, {"v_cache", p.v, reads_cache}};
+  for (const auto& t : pointers)
+    if (t.needed && t.ptr == nullptr) return make_status(StatusCode::kInvalidArgument, "%s: must not be null", t.name);
+  // An append without query rows chooses no kernel: the head dims it copies are checked here.
+  if (c.seqlen_new > 0 && (p.headdim % 8 != 0 || p.headdim > 256 || v_headdim(p) != p.headdim))
+    return make_status(StatusCode::kInvalidArgument,
+                       "k_new, v_new: expected one head dim, a multiple of 8 up to 256 (got %lld and %lld)",
+                       static_cast<long long>(p.headdim), static_cast<long long>(v_headdim(p)));
   if (Status s = check_alibi(p); !s.ok()) return s;
   const Rows qr = q_rows(p);
   const int64_t cache_batch = paged ? c.num_pages : p.batch, cache_rows = paged ? c.page_size : p.seqlen_k;
@@ -718,6 +727,7 @@ Status attention_with_kvcache_plan(const AttentionForwardParams& given, const KV
   AttentionForwardParams shape = given;
   shape.q = shape.k = shape.v = shape.out = nullptr, shape.lse = nullptr, shape.workspace = nullptr;
   const AttentionForwardParams p = cache_view(shape, c);
+  if (p.batch == 0) return Status{};
   if (Status s = check_problem(p); !s.ok()) return s;
   if (p.batch == 0 || p.seqlen_q == 0 || p.nheads == 0) return Status{};
   KvCacheRun run;
@@ -733,8 +743,15 @@ Status attention_with_kvcache(const AttentionForwardParams& given, const KVCache
   const bool attends = p.seqlen_q > 0 && p.nheads > 0;
   if (p.batch == 0 || (!attends && cache.seqlen_new == 0)) return Status{};
   KvCacheRun run;
+  if (!attends && backend == Backend::kHopper)  // the append alone chooses no kernel
+    return make_status(StatusCode::kNotSupported, "backend='hopper': KV-cache calls run on the Ampere-path kernels");
   if (attends) {
     if (Status s = plan_kvcache(p, cache, backend, &run); !s.ok()) return s;
+    if (run.split.bytes > 0 && p.workspace == nullptr)
+      return make_status(StatusCode::kInvalidArgument,
+                         "workspace: null, but the call runs %d splits that need attention_with_kvcache_plan()'s %zu "
+                         "bytes",
+                         run.kernel.num_splits, run.split.bytes);
     if (p.workspace_bytes < run.split.bytes)
       return make_status(StatusCode::kInvalidArgument,
                          "workspace: %zu bytes given, attention_with_kvcache_plan() asks for %zu (%d splits)",
@@ -808,8 +825,10 @@ Status merge_attention_states(const MergeAttentionStatesParams& p) {
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16 && p.dtype != DType::kFloat32)
     return invalid("dtype: expected float16, bfloat16 or float32");
   if (p.batch == 0 || p.seqlen == 0 || p.nheads == 0 || p.headdim == 0) return Status{};
-  if (p.out_a == nullptr || p.out_b == nullptr || p.lse_a == nullptr || p.lse_b == nullptr || p.out == nullptr)
-    return invalid("out_a, lse_a, out_b, lse_b and out must not be null");
+  const struct { const char* name; const void* ptr; } pointers[] = {
+      {"out_a", p.out_a}, {"lse_a", p.lse_a}, {"out_b", p.out_b}, {"lse_b", p.lse_b}, {"out", p.out}};
+  for (const auto& t : pointers)
+    if (t.ptr == nullptr) return make_status(StatusCode::kInvalidArgument, "%s: must not be null", t.name);
   const int eb = p.dtype == DType::kFloat32 ? 4 : 2;
   const Operand inputs[] = {
       tensor4("out_a", p.out_a, p.batch, p.seqlen, p.nheads, p.headdim, p.out_a_batch_stride, p.out_a_row_stride,

@@ -32,7 +32,9 @@ namespace dispatch_detail {
 
 inline const char* name(Backend b) { return b == Backend::kHopper ? "hopper" : "ampere"; }
 inline const char* title(Backend b) { return b == Backend::kHopper ? "Hopper" : "Ampere"; }
-inline const char* dtype_name(DType d) { return d == DType::kBFloat16 ? "bfloat16" : "float16"; }
+inline const char* dtype_name(DType d) {
+  return d == DType::kBFloat16 ? "bfloat16" : d == DType::kFloat32 ? "float32" : "float16";
+}
 inline Backend other(Backend b) { return b == Backend::kHopper ? Backend::kAmpere : Backend::kHopper; }
 
 // sm90a kernels run on sm90 only; the Ampere path on sm80 and newer.

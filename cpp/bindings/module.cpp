@@ -360,7 +360,8 @@ const float kAlibiFlag = 0.f;
 // A 1-d or 2-d int32 device tensor on q's device (cache_seqlens, page_table), checked for shape.
 const int32_t* int32_tensor(const Tensor& t, const char* name, const Tensor& q, size_t ndim) {
   const std::string n = name;
-  if (t.ndim() != ndim || t.dtype() != nb::dtype<int32_t>() || (t.shape(ndim - 1) > 1 && t.stride(ndim - 1) != 1))
+  if (t.dtype() != nb::dtype<int32_t>()) throw nb::type_error((n + ": expected int32, got " + dtype_name(t.dtype())).c_str());
+  if (t.ndim() != ndim || (t.shape(ndim - 1) > 1 && t.stride(ndim - 1) != 1))
     throw nb::value_error((n + ": expected a " + std::to_string(ndim) + "-d int32 tensor with unit last stride").c_str());
   if (t.device_type() != q.device_type() || t.device_id() != q.device_id())
     throw nb::value_error((n + ": expected a tensor on q's device").c_str());

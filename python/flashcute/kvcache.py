@@ -114,7 +114,8 @@ def attention_with_kvcache(
         k_new, v_new: (batch, seqlen_new, nheads_kv, headdim), q's dtype, given together, with
             a batched q only (with ``cu_seqlens_q`` the new keys must already be in the cache).
         cu_seqlens_q: int32 (batch + 1,) offsets of the packed q's sequences (chunked
-            prefill); rows outside every sequence are not written.
+            prefill); rows outside every sequence hold unspecified values (unwritten, or
+            zeros where the call runs split).
         max_seqlen_q: with ``cu_seqlens_q``, an int at least the longest sequence's query
             count; None otherwise.
         causal, softmax_scale, window, softcap, alibi_slopes: as in ``flashcute.attention``,

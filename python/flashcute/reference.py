@@ -363,7 +363,7 @@ def attention_with_kvcache(
     its queries (``q[b]``, or rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` of a packed q) attend
     to them as one :func:`attention` call with the same keywords (masks and ALiBi aligned
     bottom-right to that key count). Rows with no visible key, and packed rows outside every
-    sequence, give zeros and lse -inf.
+    sequence (which the kernels leave unspecified), give zeros and lse -inf.
 
     Unlike the kernels, which clamp them, the values are checked here: key counts from 0 to
     the capacity less seqlen_new, page ids of the pages in use within ``[0, num_pages)``,

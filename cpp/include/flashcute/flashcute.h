@@ -230,8 +230,10 @@ struct KVCacheParams {
 };
 
 // The splits a KV-cache call runs with and the workspace it needs (fp32 partial outputs, 0 bytes
-// for one split), for the params' sizes, mask and head dims on params.device (no pointer is
-// read). The same params give the same plan, so a CUDA graph may capture the call.
+// for one split), for the params' sizes, mask and head dims on params.device. No pointer is
+// read, but a paged call's plan needs cache.page_table non-null (any value): paged calls may run
+// on another kernel (paged_kernels.h). The same params give the same plan, so a CUDA graph may
+// capture the call.
 FLASHCUTE_API Status attention_with_kvcache_plan(const AttentionForwardParams& params, const KVCacheParams& cache,
                                                  int64_t* num_splits, size_t* workspace_bytes,
                                                  Backend backend = Backend::kAuto);
