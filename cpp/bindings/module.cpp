@@ -201,6 +201,18 @@ void set_varlen(Params& p, const Varlen& vl, const Rows& q, const Rows& k, int64
   if (vl.packed_k()) p.total_k = k.rows, p.seqlen_k = max_seqlen_k;
 }
 
+// A forward's scalars, dtype, device and stream from q and the call's arguments.
+void set_call(flashcute::AttentionForwardParams& p, const Tensor& q, float softmax_scale, bool causal,
+              int64_t window_left, int64_t window_right, float softcap, uintptr_t stream) {
+  p.softmax_scale = softmax_scale;
+  p.causal = causal;
+  p.window_left = window_left, p.window_right = window_right;
+  p.softcap = softcap;
+  p.dtype = to_dtype(q.dtype());
+  p.device = q.device_id();
+  p.stream = reinterpret_cast<cudaStream_t>(stream);
+}
+
 // lse: (batch, heads, seqlen_q), or (heads, total_q) for packed queries; unit row stride.
 template <class T>
 void lse_strides(const T& lse, bool packed, const Rows& q, int64_t* batch_stride, int64_t* head_stride) {
@@ -257,13 +269,7 @@ void forward(Tensor q, Tensor k, Tensor v, MutableTensor out, std::optional<Muta
     p.workspace = workspace->data();
     p.workspace_bytes = workspace->nbytes();
   }
-  p.softmax_scale = softmax_scale;
-  p.causal = causal;
-  p.window_left = window_left, p.window_right = window_right;
-  p.softcap = softcap;
-  p.dtype = to_dtype(q.dtype());
-  p.device = q.device_id();
-  p.stream = reinterpret_cast<cudaStream_t>(stream);
+  set_call(p, q, softmax_scale, causal, window_left, window_right, softcap, stream);
   if (k.dtype() != q.dtype() || v.dtype() != q.dtype() || out.dtype() != q.dtype())
     throw nb::type_error("q, k, v, out: expected one dtype for all four");
   set_alibi_slopes(p, alibi_slopes, q);
@@ -442,13 +448,7 @@ void kvcache_forward(Tensor q, Tensor k_cache, Tensor v_cache, MutableTensor out
   }
   c.num_splits = num_splits;
   if (workspace) p.workspace = workspace->data(), p.workspace_bytes = workspace->nbytes();
-  p.softmax_scale = softmax_scale;
-  p.causal = causal;
-  p.window_left = window_left, p.window_right = window_right;
-  p.softcap = softcap;
-  p.dtype = to_dtype(q.dtype());
-  p.device = q.device_id();
-  p.stream = reinterpret_cast<cudaStream_t>(stream);
+  set_call(p, q, softmax_scale, causal, window_left, window_right, softcap, stream);
   if (k_cache.dtype() != q.dtype() || v_cache.dtype() != q.dtype() || out.dtype() != q.dtype())
     throw nb::type_error("q, k_cache, v_cache, out: expected one dtype for all four");
   set_alibi_slopes(p, alibi_slopes, q);
