@@ -9,6 +9,7 @@
 
 #include "build_config.h"
 #include "bwd_workspace.h"
+#include "device_guard.h"
 #include "flashcute/flashcute.h"
 #include "hopper/fwd_split_plan.h"
 #include "kernel_params.h"
@@ -108,8 +109,11 @@ Status check_problem(const Params& p) {
   if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.nheads < 0 || p.nheads_kv < 0 || p.headdim <= 0)
     return invalid("sizes must be non-negative and headdim positive");
   if (p.headdim_v < 0) return invalid("headdim_v: expected 0 (v's head dim is headdim) or a positive head dim");
-  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16)
-    return invalid("dtype: expected float16 or bfloat16");
+  constexpr bool kForward = std::is_same_v<Params, AttentionForwardParams>;
+  if (p.dtype == DType::kFloat8E4M3 && !kForward)
+    return invalid("dtype: float8_e4m3fn has no backward (FP8 is forward-only)");
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16 && p.dtype != DType::kFloat8E4M3)
+    return invalid(kForward ? "dtype: expected float16, bfloat16 or float8_e4m3fn" : "dtype: expected float16 or bfloat16");
   if (p.nheads_kv == 0 ? p.nheads != 0 : p.nheads % p.nheads_kv != 0)
     return make_status(StatusCode::kInvalidArgument,
                        "nheads (%lld) must be a multiple of nheads_kv (%lld)",
@@ -181,8 +185,45 @@ Rows k_rows(const Params& p) {
   return p.cu_seqlens_k != nullptr ? Rows{1, p.total_k, true} : Rows{p.batch, p.seqlen_k, false};
 }
 
+static_assert(kFp8Block == kFp8DescaleBlock, "the kernels' descale block is the public one");
+
+bool is_fp8(const AttentionForwardParams& p) { return p.dtype == DType::kFloat8E4M3; }
+
+// FP8's descales: only with e4m3 inputs, 4-byte aligned, strides >= 0, per head in
+// variable-length batches; no dropout.
+Status check_fp8(const AttentionForwardParams& p) {
+  const bool any = p.q_descale != nullptr || p.k_descale != nullptr || p.v_descale != nullptr;
+  if (!is_fp8(p)) {
+    if (any) return invalid("q_descale, k_descale, v_descale: only float8_e4m3fn calls take descales");
+    return Status{};
+  }
+  for (const float* d : {p.q_descale, p.k_descale, p.v_descale})
+    if (reinterpret_cast<uintptr_t>(d) % alignof(float) != 0)
+      return invalid("q_descale, k_descale, v_descale: expected 4-byte aligned float32 device pointers");
+  for (int64_t stride : {p.q_descale_batch_stride, p.q_descale_head_stride, p.q_descale_block_stride,
+                         p.k_descale_batch_stride, p.k_descale_head_stride, p.k_descale_block_stride,
+                         p.v_descale_batch_stride, p.v_descale_head_stride, p.v_descale_block_stride})
+    if (stride < 0) return invalid("q_descale, k_descale, v_descale: expected strides >= 0");
+  if (varlen(p) && (p.q_descale_block_stride != 0 || p.k_descale_block_stride != 0 || p.v_descale_block_stride != 0))
+    return invalid("q_descale, k_descale, v_descale: variable-length batches take per-head descales "
+                   "(block strides of 0)");
+  if (p.dropout_p > 0.f) return invalid("dropout_p: float8_e4m3fn calls have no dropout");
+  if (p.out_dtype != DType::kBFloat16 && p.out_dtype != DType::kFloat16)
+    return invalid("out_dtype: expected bfloat16 or float16 for float8_e4m3fn inputs");
+  return Status{};
+}
+
+// A descale as an operand: (batch, heads, blocks) float32 values.
+Operand descale_operand(const char* name, const float* ptr, int64_t batch, int64_t heads, int64_t rows,
+                        int64_t batch_stride, int64_t head_stride, int64_t block_stride) {
+  const int64_t blocks = block_stride == 0 ? 1 : (rows + kFp8DescaleBlock - 1) / kFp8DescaleBlock;
+  return Operand{name, ptr, 3, {batch, heads, blocks, 1}, {batch_stride, head_stride, block_stride, 1}, 4,
+                 ptr != nullptr && batch > 0 && heads > 0 && blocks > 0};
+}
+
 Status check_forward(const AttentionForwardParams& p) {
   if (Status s = check_problem(p); !s.ok()) return s;
+  if (Status s = check_fp8(p); !s.ok()) return s;
   const bool empty = p.batch == 0 || p.seqlen_q == 0 || p.nheads == 0;
   if (empty) return Status{};
   if (p.q == nullptr || p.out == nullptr || (p.seqlen_k > 0 && (p.k == nullptr || p.v == nullptr)))
@@ -190,14 +231,22 @@ Status check_forward(const AttentionForwardParams& p) {
   if (Status s = check_alibi(p); !s.ok()) return s;
   const bool has_k = p.seqlen_k > 0;
   const Rows qr = q_rows(p), kr = k_rows(p);
+  const int in_bytes = is_fp8(p) ? 1 : 2;
+  const int64_t q_desc_heads = p.q_descale_per_kv_head ? p.nheads_kv : p.nheads;
   const Operand inputs[] = {
       tensor4("q", p.q, qr.batch, qr.rows, p.nheads, p.headdim, qr.batch_stride(p.q_batch_stride), p.q_row_stride,
-              p.q_head_stride, 2),
+              p.q_head_stride, in_bytes),
       tensor4("k", p.k, kr.batch, kr.rows, p.nheads_kv, p.headdim, kr.batch_stride(p.k_batch_stride),
-              p.k_row_stride, p.k_head_stride, 2, has_k),
+              p.k_row_stride, p.k_head_stride, in_bytes, has_k),
       tensor4("v", p.v, kr.batch, kr.rows, p.nheads_kv, v_headdim(p), kr.batch_stride(p.v_batch_stride),
-              p.v_row_stride, p.v_head_stride, 2, has_k),
+              p.v_row_stride, p.v_head_stride, in_bytes, has_k),
       alibi_operand(p),
+      descale_operand("q_descale", p.q_descale, p.batch, q_desc_heads, p.seqlen_q, p.q_descale_batch_stride,
+                      p.q_descale_head_stride, p.q_descale_block_stride),
+      descale_operand("k_descale", p.k_descale, p.batch, p.nheads_kv, p.seqlen_k, p.k_descale_batch_stride,
+                      p.k_descale_head_stride, p.k_descale_block_stride),
+      descale_operand("v_descale", p.v_descale, p.batch, p.nheads_kv, p.seqlen_k, p.v_descale_batch_stride,
+                      p.v_descale_head_stride, p.v_descale_block_stride),
   };
   const Operand outputs[] = {
       tensor4("out", p.out, qr.batch, qr.rows, p.nheads, v_headdim(p), qr.batch_stride(p.out_batch_stride),
@@ -206,9 +255,8 @@ Status check_forward(const AttentionForwardParams& p) {
                  p.lse_head_stride),
       bytes_buffer("workspace", p.workspace, p.workspace_bytes),
   };
-  for (const Operand& o : inputs)  // the slopes are read as single floats
-    if (o.elem_bytes == 2)
-      if (Status s = check_aligned16(o); !s.ok()) return s;
+  for (int i = 0; i < 3; ++i)  // q, k, v; the slopes and descales are read as single floats
+    if (Status s = check_aligned16(inputs[i]); !s.ok()) return s;
   if (Status s = check_aligned16(outputs[0]); !s.ok()) return s;
   if (p.workspace != nullptr && reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0)
     return invalid("workspace: expected a 16-byte aligned device buffer");
@@ -278,6 +326,15 @@ FwdKernelParams kernel_params(const AttentionForwardParams& p) {
   k.causal = p.causal;
   set_mask_and_hook(k, p);
   set_varlen(k, p);
+  k.q_descale = p.q_descale, k.k_descale = p.k_descale, k.v_descale = p.v_descale;
+  k.q_descale_batch_stride = p.q_descale_batch_stride, k.q_descale_head_stride = p.q_descale_head_stride;
+  k.q_descale_block_stride = p.q_descale_block_stride;
+  k.k_descale_batch_stride = p.k_descale_batch_stride, k.k_descale_head_stride = p.k_descale_head_stride;
+  k.k_descale_block_stride = p.k_descale_block_stride;
+  k.v_descale_batch_stride = p.v_descale_batch_stride, k.v_descale_head_stride = p.v_descale_head_stride;
+  k.v_descale_block_stride = p.v_descale_block_stride;
+  k.q_descale_head_div = p.q_descale_per_kv_head ? k.heads_per_kv : 1;
+  k.out_fp16 = is_fp8(p) && p.out_dtype == DType::kFloat16;
   // Variable-length calls never split (their tiles' work differs per sequence).
   k.workspace = varlen(p) ? nullptr : p.workspace;
   k.workspace_bytes = k.workspace == nullptr ? 0 : p.workspace_bytes;
@@ -405,24 +462,6 @@ BwdKernelParams kernel_params(const AttentionBackwardParams& p, Backend resolved
   return k;
 }
 
-// Makes `device` current for the lifetime of the guard.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    if (device < 0 || cudaGetDevice(&previous_) != cudaSuccess || previous_ == device) return;
-    status_ = cuda_status(cudaSetDevice(device), "cudaSetDevice");
-    switched_ = status_.ok();
-  }
-  ~DeviceGuard() {
-    if (switched_) cudaSetDevice(previous_);
-  }
-  const Status& status() const { return status_; }
-
- private:
-  int previous_ = -1;
-  bool switched_ = false;
-  Status status_{};
-};
 
 }  // namespace
 
@@ -512,7 +551,7 @@ Status attention_forward_workspace_size(const AttentionForwardParams& given, siz
   const AttentionForwardParams params = bounded(given);
   if (Status s = check_problem(params); !s.ok()) return s;
   if (params.batch == 0 || params.seqlen_q == 0 || params.nheads == 0) return Status{};  // launches nothing
-  if (varlen(params)) return Status{};  // variable-length calls never split
+  if (varlen(params) || is_fp8(params)) return Status{};  // variable-length and FP8 calls never split
   // Only the Hopper path splits its last wave, and only on a device that runs it.
   int capability = 0;
   if (backend == Backend::kAmpere || !device_capability(params.device, &capability).ok()) return Status{};
@@ -872,7 +911,7 @@ BuildInfo build_info() {
   return BuildInfo{FLASHCUTE_VERSION,          FLASHCUTE_CUDA_ARCHS,       FLASHCUTE_AMPERE_HEAD_DIMS,
                    FLASHCUTE_AMPERE_DTYPES,    FLASHCUTE_HOPPER_HEAD_DIMS, FLASHCUTE_HOPPER_DTYPES,
                    CUDART_VERSION,             FLASHCUTE_HOPPER_BWD_HEAD_DIMS,
-                   FLASHCUTE_HOPPER_DV_PAIRS};
+                   FLASHCUTE_HOPPER_DV_PAIRS, FLASHCUTE_HOPPER_FP8_HEAD_DIMS};
 }
 
 }  // namespace flashcute

@@ -21,6 +21,7 @@ struct KernelFamily {
   std::vector<int> backward_head_dims;  // backward
   std::vector<DType> dtypes;
   std::vector<std::pair<int, int>> pairs;  // forward (head dim, V head dim) kernels, d != dv
+  std::vector<int> fp8_head_dims;          // FP8 (e4m3) forward kernels (Hopper path)
 };
 
 struct KernelCatalogue {
@@ -33,7 +34,10 @@ namespace dispatch_detail {
 inline const char* name(Backend b) { return b == Backend::kHopper ? "hopper" : "ampere"; }
 inline const char* title(Backend b) { return b == Backend::kHopper ? "Hopper" : "Ampere"; }
 inline const char* dtype_name(DType d) {
-  return d == DType::kBFloat16 ? "bfloat16" : d == DType::kFloat32 ? "float32" : "float16";
+  return d == DType::kBFloat16    ? "bfloat16"
+         : d == DType::kFloat32   ? "float32"
+         : d == DType::kFloat8E4M3 ? "float8_e4m3fn"
+                                  : "float16";
 }
 inline Backend other(Backend b) { return b == Backend::kHopper ? Backend::kAmpere : Backend::kHopper; }
 
@@ -153,6 +157,29 @@ inline Status choose_pair(const KernelCatalogue& c, const KernelQuery& r, Backen
   return Status{};
 }
 
+// FP8 (e4m3) calls: the Hopper path's FP8 forward, on sm90, one head dim, no KV cache.
+inline Status choose_fp8(const KernelCatalogue& c, const KernelQuery& r, Backend requested, int capability,
+                         KernelChoice* choice) {
+  const auto& d = c.hopper.fp8_head_dims;
+  if (r.backward)
+    return refuse("q: float8_e4m3fn has no backward kernel (FP8 is forward-only)");
+  if (r.kv_cache) return refuse("q: float8_e4m3fn KV-cache calls have no kernel (FP8 runs attention only)");
+  if (requested == Backend::kAmpere)
+    return refuse("backend='ampere': FP8 (float8_e4m3fn) runs on the Hopper path only, which needs an sm90 GPU");
+  if (!runs_on(Backend::kHopper, capability))
+    return refuse("q: FP8 (float8_e4m3fn) needs the Hopper path, on an sm90 GPU; this is " + sm(capability));
+  if (r.headdim_v != 0 && r.headdim_v != r.headdim)
+    return refuse("v: head dim " + std::to_string(r.headdim_v) + " differs from q's and k's " +
+                  std::to_string(r.headdim) + "; FP8 calls need one head dim");
+  if (d.empty()) return refuse("q: this build has no FP8 (float8_e4m3fn) kernels");
+  const int k = r.headdim == 0 ? d.front() : smallest_at_least(d, static_cast<int>(r.headdim));
+  if (k == 0)
+    return refuse("head dim " + std::to_string(r.headdim) + " has no FP8 kernel in this build (compiled: " + join(d) +
+                  "; a head dim runs on the smallest compiled one at least as large)");
+  *choice = KernelChoice{Backend::kHopper, k, k};
+  return Status{};
+}
+
 inline Status too_old(int capability) {
   return make_status(StatusCode::kNoDevice, "flashcute needs an sm80 or newer GPU (Ampere, Ada, Hopper); this is %s",
                      sm(capability).c_str());
@@ -242,6 +269,10 @@ inline Status choose_kernel_in(const KernelCatalogue& c, const KernelQuery& quer
   r.headdim_v = std::min<int64_t>(std::max<int64_t>(r.headdim_v, -1), 1 << 20);
   if (requested != Backend::kAuto && requested != Backend::kAmpere && requested != Backend::kHopper)
     return make_status(StatusCode::kInvalidArgument, "backend: expected kAuto, kAmpere or kHopper");
+  if (!r.any_dtype && r.dtype == DType::kFloat8E4M3) {
+    if (requested == Backend::kAuto && capability < 80) return dispatch_detail::too_old(capability);
+    return dispatch_detail::choose_fp8(c, r, requested, capability, choice);
+  }
   if (r.kv_cache) {  // paged loads and split-KV live in the Ampere-path forward, on every GPU
     if (requested == Backend::kHopper)
       return dispatch_detail::refuse("backend='hopper': KV-cache calls run on the Ampere-path kernels (paged loads, split-KV) on "

@@ -89,7 +89,22 @@ struct FwdKernelParams {
   float* __restrict__ partial_lse;
   int64_t partial_rows;
   int partial_heads;
+  // FP8 descales (hopper/fwd_fp8_scales.h), float32, null: 1. An element's value is its e4m3
+  // value times its descale. q's is at batch · q_descale_batch_stride + (head /
+  // q_descale_head_div) · head_stride + (row / kFp8Block) · block_stride; k's and v's by K/V
+  // head and key row alike. Block strides of 0: one descale per (batch, head).
+  const float* __restrict__ q_descale;
+  const float* __restrict__ k_descale;
+  const float* __restrict__ v_descale;
+  int64_t q_descale_batch_stride, q_descale_head_stride, q_descale_block_stride;
+  int64_t k_descale_batch_stride, k_descale_head_stride, k_descale_block_stride;
+  int64_t v_descale_batch_stride, v_descale_head_stride, v_descale_block_stride;
+  int q_descale_head_div;  // 1: per query head; heads_per_kv: per K/V head
+  bool out_fp16;           // FP8 kernels (bfloat16 O): write float16 bits instead
 };
+
+// Rows (queries or keys) per FP8 descale block.
+constexpr int kFp8Block = 128;
 
 // Backward: dQ, dK, dV from dO, the forward's inputs, its output and its LSE. The workspace
 // holds rowsum(dO∘O) (row_dot) per (batch, head), padded to seqlen_q_padded rows; the Hopper

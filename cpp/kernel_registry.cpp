@@ -31,6 +31,9 @@ KernelCatalogue make_catalogue() {
 #define FLASHCUTE_LIST_HOPPER_BWD(name, dtype_enum, hd) add_once(c.hopper.backward_head_dims, hd);
   FLASHCUTE_FOR_EACH_HOPPER_BWD(FLASHCUTE_LIST_HOPPER_BWD)
 #undef FLASHCUTE_LIST_HOPPER_BWD
+#define FLASHCUTE_LIST_HOPPER_FWD_FP8(name, dtype_enum, hd) add_once(c.hopper.fp8_head_dims, hd);
+  FLASHCUTE_FOR_EACH_HOPPER_FWD_FP8(FLASHCUTE_LIST_HOPPER_FWD_FP8)
+#undef FLASHCUTE_LIST_HOPPER_FWD_FP8
 #define FLASHCUTE_LIST_HOPPER_FWD_DV(name, dtype_enum, hd, hdv) add_once(c.hopper.pairs, std::pair<int, int>(hd, hdv));
   FLASHCUTE_FOR_EACH_HOPPER_FWD_DV(FLASHCUTE_LIST_HOPPER_FWD_DV)
 #undef FLASHCUTE_LIST_HOPPER_FWD_DV
@@ -38,6 +41,7 @@ KernelCatalogue make_catalogue() {
     std::sort(f->head_dims.begin(), f->head_dims.end());
     std::sort(f->backward_head_dims.begin(), f->backward_head_dims.end());
     std::sort(f->pairs.begin(), f->pairs.end());
+    std::sort(f->fp8_head_dims.begin(), f->fp8_head_dims.end());
   }
   return c;
 }
@@ -69,6 +73,7 @@ FwdLauncher find_fwd_launcher(Backend backend, DType dtype, int kernel_headdim, 
 #define FLASHCUTE_MATCH_HOPPER_FWD(name, dtype_enum, hd) \
   if (dtype == DType::dtype_enum && kernel_headdim == hd) return &hopper::fwd_##name##_hd##hd;
     FLASHCUTE_FOR_EACH_HOPPER_FWD(FLASHCUTE_MATCH_HOPPER_FWD)
+    FLASHCUTE_FOR_EACH_HOPPER_FWD_FP8(FLASHCUTE_MATCH_HOPPER_FWD)
 #undef FLASHCUTE_MATCH_HOPPER_FWD
   }
   return nullptr;

@@ -36,11 +36,15 @@ CUTE_DEVICE float row_lse(float max_log2, float sum) {
   return row_has_no_key(sum) ? -INFINITY : (max_log2 + log2f(sum)) * kLn2;
 }
 
-template <int kRows>
+// kScaledP (8-bit P): a block's weights come out multiplied by a factor of its own, 2^p_log2
+// (P_SCALE times the block's V-descale ratio, fwd_fp8_scales.h), folded into exp2's argument; the
+// row sums take the weights divided by it again (p_inv), so they stay true sums.
+template <int kRows, bool kScaledP = false>
 struct OnlineSoftmax {
   float row_max[kRows];
   float row_sum[kRows];  // partial: this thread's columns only, until finalize()
   float scale_log2;
+  float p_log2 = 0.f, p_inv = 1.f;  // kScaledP only
 
   CUTE_DEVICE explicit OnlineSoftmax(float scale_log2_) : scale_log2(scale_log2_) {
     CUTE_UNROLL
@@ -65,35 +69,48 @@ struct OnlineSoftmax {
       correction[r] = fast_exp2(row_max[r] * scale_log2 - max_scaled);
       row_sum[r] *= correction[r];
       row_max[r] = block_max;
-      row_sum[r] += exp2_row(scores_rc, r, max_scaled);
+      row_sum[r] += weights_to_sum(exp2_row(scores_rc, r, max_scaled - p_bias()));
     }
   }
+
+  CUTE_DEVICE float p_bias() const { return kScaledP ? p_log2 : 0.f; }
+  CUTE_DEVICE float weights_to_sum(float weights) const { return kScaledP ? weights * p_inv : weights; }
 
   // A block's weights against the running max as it stands, without searching the block
   // for a new one. Dividing by the row sum at the end makes exp2(s · scale_log2 - m) exact for
   // any m that keeps the weights finite in P's element type, so the max only has to bound
   // them: this skips the block max, its shuffles, the row-sum correction and the rescale of
   // the output. Returns whether this thread's weights of each row sum to at most
-  // kKeptMaxSumLimit (each weight then fits fp16 and bf16 with room to spare) and its rows
-  // have a max. Where it returns false for any thread, the caller discards the weights (the
+  // kKeptMaxSumLimit (each weight then fits fp16 and bf16 with room to spare; 8-bit P: whether
+  // each is at most kKeptMaxWeightLimit) and its rows have a max. Where it returns false for any thread, the caller discards the weights (the
   // row sums are untouched; block_sum holds this block's) and redoes the block with
   // update_scores on fresh scores.
+  // 8-bit P: each weight must stay below e4m3's largest value, 448. A bound on the sum is too
+  // coarse there (P_SCALE puts a row's largest weight at 256), so the largest weight is checked.
   static constexpr float kKeptMaxSumLimit = 4096.f;
+  static constexpr float kKeptMaxWeightLimit = 448.f;
   template <class Scores>
   CUTE_DEVICE bool exp2_against_kept_max(Scores& scores_rc, float (&block_sum)[kRows]) const {
     static_assert(decltype(cute::size<0>(scores_rc))::value == kRows);
     bool fits = true;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      block_sum[r] = exp2_row(scores_rc, r, row_max[r] * scale_log2);
-      fits = fits && row_max[r] != -INFINITY && block_sum[r] <= kKeptMaxSumLimit;  // a NaN sum fails
+      block_sum[r] = exp2_row(scores_rc, r, row_max[r] * scale_log2 - p_bias());
+      if constexpr (kScaledP) {
+        float largest = 0.f;
+        CUTE_UNROLL
+        for (int c = 0; c < cute::size<1>(scores_rc); ++c) largest = fmaxf(largest, scores_rc(r, c));
+        fits = fits && row_max[r] != -INFINITY && largest <= kKeptMaxWeightLimit && block_sum[r] == block_sum[r];
+      } else {
+        fits = fits && row_max[r] != -INFINITY && block_sum[r] <= kKeptMaxSumLimit;  // a NaN sum fails
+      }
     }
     return fits;
   }
 
   CUTE_DEVICE void add_block_sums(const float (&block_sum)[kRows]) {
     CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) row_sum[r] += block_sum[r];
+    for (int r = 0; r < kRows; ++r) row_sum[r] += weights_to_sum(block_sum[r]);
   }
 
   // Row r's scores replaced by exp2(s · scale_log2 - max_scaled); returns their sum.

@@ -44,6 +44,8 @@ std::string dtype_name(nb::dlpack::dtype dt) {
     case nb::dlpack::dtype_code::Bfloat: base = "bfloat"; break;
     case nb::dlpack::dtype_code::Complex: base = "complex"; break;
     case nb::dlpack::dtype_code::Bool: return "bool";
+    case nb::dlpack::dtype_code::Float8_E4M3FN: return "float8_e4m3fn";
+    case nb::dlpack::dtype_code::Float8_E5M2: return "float8_e5m2";
     default: base = "unknown"; break;
   }
   std::string name = base + std::to_string(dt.bits);
@@ -70,14 +72,20 @@ void raise_on_error(const flashcute::Status& status) {
   }
 }
 
-flashcute::DType to_dtype(nb::dlpack::dtype dt) {
-  if (dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat) && dt.bits == 16 &&
-      dt.lanes == 1)
+// q's dtype. FP8 comes as DLPack's float8_e4m3fn, or as uint8 bytes with uint8_as_fp8 (frameworks
+// that cannot export float8 types through DLPack).
+flashcute::DType to_dtype(nb::dlpack::dtype dt, bool uint8_as_fp8 = false) {
+  using code = nb::dlpack::dtype_code;
+  if (dt.code == static_cast<uint8_t>(code::Bfloat) && dt.bits == 16 && dt.lanes == 1)
     return flashcute::DType::kBFloat16;
-  if (dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float) && dt.bits == 16 &&
-      dt.lanes == 1)
+  if (dt.code == static_cast<uint8_t>(code::Float) && dt.bits == 16 && dt.lanes == 1)
     return flashcute::DType::kFloat16;
-  throw nb::type_error(("q: expected float16 or bfloat16, got " + dtype_name(dt)).c_str());
+  if (dt.bits == 8 && dt.lanes == 1 &&
+      (dt.code == static_cast<uint8_t>(code::Float8_E4M3FN) || (uint8_as_fp8 && dt.code == static_cast<uint8_t>(code::UInt))))
+    return flashcute::DType::kFloat8E4M3;
+  if (dt.code == static_cast<uint8_t>(code::Float8_E5M2))
+    throw nb::type_error("q: float8_e5m2 is unsupported (FP8 attention takes float8_e4m3fn)");
+  throw nb::type_error(("q: expected float16, bfloat16 or float8_e4m3fn, got " + dtype_name(dt)).c_str());
 }
 
 // ALiBi's slopes into params (batch and nheads already set): (nheads,) or (batch, nheads)
@@ -203,12 +211,12 @@ void set_varlen(Params& p, const Varlen& vl, const Rows& q, const Rows& k, int64
 
 // A forward's scalars, dtype, device and stream from q and the call's arguments.
 void set_call(flashcute::AttentionForwardParams& p, const Tensor& q, float softmax_scale, bool causal,
-              int64_t window_left, int64_t window_right, float softcap, uintptr_t stream) {
+              int64_t window_left, int64_t window_right, float softcap, uintptr_t stream, bool uint8_as_fp8 = false) {
   p.softmax_scale = softmax_scale;
   p.causal = causal;
   p.window_left = window_left, p.window_right = window_right;
   p.softcap = softcap;
-  p.dtype = to_dtype(q.dtype());
+  p.dtype = to_dtype(q.dtype(), uint8_as_fp8);
   p.device = q.device_id();
   p.stream = reinterpret_cast<cudaStream_t>(stream);
 }
@@ -227,6 +235,31 @@ void lse_strides(const T& lse, bool packed, const Rows& q, int64_t* batch_stride
   *head_stride = packed ? lse.stride(0) : lse.stride(1);
 }
 
+// FP8 descales (float32 on q's device): (batch, heads) per head, or (batch, heads, blocks of
+// 128 rows) per block; q's heads are nheads or nheads_kv. The Python layer checks the same with
+// the same names.
+void set_descale(const flashcute::AttentionForwardParams& p, const std::optional<Tensor>& d, const char* name,
+                 const Tensor& q, int64_t heads, int64_t alt_heads, int64_t rows, bool varlen, const float** ptr,
+                 int64_t* batch_stride, int64_t* head_stride, int64_t* block_stride, bool* alt) {
+  if (!d) return;
+  const std::string n = name;
+  if (d->dtype() != nb::dtype<float>()) throw nb::type_error((n + ": expected float32, got " + dtype_name(d->dtype())).c_str());
+  if (d->device_type() != q.device_type() || d->device_id() != q.device_id())
+    throw nb::value_error((n + ": expected a tensor on q's device").c_str());
+  const int64_t blocks = (rows + flashcute::kFp8DescaleBlock - 1) / flashcute::kFp8DescaleBlock;
+  const size_t ndim = d->ndim();
+  const int64_t h = ndim >= 2 ? static_cast<int64_t>(d->shape(1)) : -1;
+  const bool ok = (ndim == 2 || (ndim == 3 && !varlen && static_cast<int64_t>(d->shape(2)) == blocks)) &&
+                  static_cast<int64_t>(d->shape(0)) == p.batch && (h == heads || h == alt_heads);
+  if (!ok) throw nb::value_error((n + ": expected shape (batch, heads) or (batch, heads, ceil(seqlen / 128)) "
+                                      "(per head only in variable-length batches)").c_str());
+  *ptr = static_cast<const float*>(d->data());
+  *batch_stride = d->shape(0) > 1 ? d->stride(0) : 0;
+  *head_stride = d->shape(1) > 1 ? d->stride(1) : 0;
+  *block_stride = ndim == 3 && d->shape(2) > 1 ? d->stride(2) : 0;
+  if (alt != nullptr) *alt = h != heads;
+}
+
 // Tensors are (batch, seqlen, heads, headdim); lse is (batch, heads, seqlen). With cu_seqlens_q
 // (cu_seqlens_k), q and out (k and v) are packed (total, heads, headdim) and lse (heads, total_q).
 void forward(Tensor q, Tensor k, Tensor v, MutableTensor out, std::optional<MutableTensor> lse,
@@ -235,7 +268,8 @@ void forward(Tensor q, Tensor k, Tensor v, MutableTensor out, std::optional<Muta
              std::optional<Tensor> alibi_slopes, std::optional<Tensor> cu_seqlens_q,
              std::optional<Tensor> cu_seqlens_k, std::optional<Tensor> seqused_k, int64_t max_seqlen_q,
              int64_t max_seqlen_k, float dropout_p, uint64_t dropout_seed, uint64_t dropout_offset,
-             std::optional<Tensor> dropout_rng_state) {
+             std::optional<Tensor> dropout_rng_state, std::optional<Tensor> q_descale,
+             std::optional<Tensor> k_descale, std::optional<Tensor> v_descale, bool uint8_as_fp8) {
   const Varlen vl(cu_seqlens_q, cu_seqlens_k, seqused_k, q);
   const Rows qr = rows_of(q, vl.packed_q(), "q"), kr = rows_of(k, vl.packed_k(), "k");
   const Rows vr = rows_of(v, vl.packed_k(), "v"), outr = rows_of(out, vl.packed_q(), "out");
@@ -269,11 +303,28 @@ void forward(Tensor q, Tensor k, Tensor v, MutableTensor out, std::optional<Muta
     p.workspace = workspace->data();
     p.workspace_bytes = workspace->nbytes();
   }
-  set_call(p, q, softmax_scale, causal, window_left, window_right, softcap, stream);
-  if (k.dtype() != q.dtype() || v.dtype() != q.dtype() || out.dtype() != q.dtype())
-    throw nb::type_error("q, k, v, out: expected one dtype for all four");
+  set_call(p, q, softmax_scale, causal, window_left, window_right, softcap, stream, uint8_as_fp8);
+  const bool fp8 = p.dtype == flashcute::DType::kFloat8E4M3;
+  if (k.dtype() != q.dtype() || v.dtype() != q.dtype())
+    throw nb::type_error("q, k, v: expected one dtype for all three");
+  const bool out_16bit = out.dtype().bits == 16 && out.dtype().lanes == 1 &&
+                         (out.dtype().code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat) ||
+                          out.dtype().code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float));
+  if (fp8 ? !out_16bit : out.dtype() != q.dtype())
+    throw nb::type_error(fp8 ? "out: expected bfloat16 or float16 for float8_e4m3fn inputs" : "out: expected q's dtype");
+  if (fp8) p.out_dtype = to_dtype(out.dtype());
   set_alibi_slopes(p, alibi_slopes, q);
   set_dropout(p, dropout_p, dropout_seed, dropout_offset, dropout_rng_state, q);
+  if (!fp8 && (q_descale || k_descale || v_descale))
+    throw nb::type_error("q_descale, k_descale, v_descale: only float8_e4m3fn inputs take descales");
+  const bool packed = vl.packed_q() || vl.packed_k() || seqused_k.has_value();
+  set_descale(p, q_descale, "q_descale", q, p.nheads, p.nheads_kv, p.seqlen_q, packed, &p.q_descale,
+              &p.q_descale_batch_stride, &p.q_descale_head_stride, &p.q_descale_block_stride,
+              &p.q_descale_per_kv_head);
+  set_descale(p, k_descale, "k_descale", q, p.nheads_kv, p.nheads_kv, p.seqlen_k, packed, &p.k_descale,
+              &p.k_descale_batch_stride, &p.k_descale_head_stride, &p.k_descale_block_stride, nullptr);
+  set_descale(p, v_descale, "v_descale", q, p.nheads_kv, p.nheads_kv, p.seqlen_k, packed, &p.v_descale,
+              &p.v_descale_batch_stride, &p.v_descale_head_stride, &p.v_descale_block_stride, nullptr);
 
   flashcute::Status status;
   {
@@ -635,9 +686,12 @@ flashcute::KernelQuery kernel_query(int64_t headdim, int64_t headdim_v, const st
   flashcute::KernelQuery q;
   q.headdim = headdim, q.headdim_v = headdim_v, q.backward = backward, q.deterministic = deterministic;
   q.any_dtype = dtype.empty();
-  if (!q.any_dtype && dtype != "float16" && dtype != "bfloat16")
-    throw nb::value_error(("dtype: expected 'float16', 'bfloat16' or '', got '" + dtype + "'").c_str());
-  q.dtype = dtype == "bfloat16" ? flashcute::DType::kBFloat16 : flashcute::DType::kFloat16;
+  if (!q.any_dtype && dtype != "float16" && dtype != "bfloat16" && dtype != "float8_e4m3fn")
+    throw nb::value_error(
+        ("dtype: expected 'float16', 'bfloat16', 'float8_e4m3fn' or '', got '" + dtype + "'").c_str());
+  q.dtype = dtype == "bfloat16"        ? flashcute::DType::kBFloat16
+            : dtype == "float8_e4m3fn" ? flashcute::DType::kFloat8E4M3
+                                       : flashcute::DType::kFloat16;
   return q;
 }
 
@@ -689,6 +743,70 @@ int device_capability(int device) {
   return capability;
 }
 
+// FP8 quantization: x (batch, seqlen, heads, headdim) into out (the same shape, contiguous,
+// float8_e4m3fn, or its bytes as uint8 from frameworks whose DLPack export has no float8) and descale
+// (float32 (batch, heads) or, with block, (batch, heads, blocks), contiguous).
+void quantize_fp8(Tensor x, MutableTensor out, MutableTensor descale, std::optional<MutableTensor> workspace,
+                  bool block, bool hadamard, uint64_t seed, uintptr_t stream) {
+  if (x.device_type() != nb::device::cuda::value && x.device_type() != nb::device::cuda_managed::value)
+    throw nb::value_error("x: expected a CUDA tensor");
+  const Rows r = rows_of(x, false, "x");
+  if (out.ndim() != 4 || static_cast<int64_t>(out.shape(0)) != r.batch || static_cast<int64_t>(out.shape(1)) != r.rows ||
+      static_cast<int64_t>(out.shape(2)) != r.heads || static_cast<int64_t>(out.shape(3)) != r.headdim)
+    throw nb::value_error("out: expected x's shape (batch, seqlen, nheads, headdim)");
+  const nb::dlpack::dtype od = out.dtype();
+  const bool fp8 = od.code == 10 && od.bits == 8 && od.lanes == 1;  // DLPack 1.1's kDLFloat8_e4m3fn
+  if (!fp8 && od != nb::dtype<uint8_t>())
+    throw nb::type_error(("out: expected float8_e4m3fn or uint8, got " + dtype_name(od)).c_str());
+  const int64_t contiguous[4] = {r.rows * r.heads * r.headdim, r.heads * r.headdim, r.headdim, 1};
+  for (size_t i = 0; i < 4; ++i)
+    if (out.shape(i) > 1 && out.stride(i) != contiguous[i]) throw nb::value_error("out: expected a contiguous tensor");
+  const int64_t blocks = (r.rows + 127) / 128;
+  const size_t scale_dims = block ? 3 : 2;
+  bool scale_ok = descale.ndim() == scale_dims && descale.dtype() == nb::dtype<float>() &&
+                  static_cast<int64_t>(descale.shape(0)) == r.batch && static_cast<int64_t>(descale.shape(1)) == r.heads &&
+                  (!block || static_cast<int64_t>(descale.shape(2)) == blocks);
+  int64_t step = 1;
+  for (size_t i = scale_dims; scale_ok && i-- > 0; step *= static_cast<int64_t>(descale.shape(i)))
+    scale_ok = descale.shape(i) <= 1 || descale.stride(i) == step;
+  if (!scale_ok)
+    throw nb::value_error(block ? "descale: expected a contiguous float32 (batch, nheads, ceil(seqlen / 128)) tensor"
+                                : "descale: expected a contiguous float32 (batch, nheads) tensor");
+  const MutableTensor* others[] = {&out, &descale, workspace ? &*workspace : nullptr};
+  for (const MutableTensor* t : others)
+    if (t != nullptr && (t->device_type() != x.device_type() || t->device_id() != x.device_id()))
+      throw nb::value_error("out, descale, workspace: expected tensors on x's device");
+  flashcute::QuantizeFp8Params p;
+  p.x = x.data();
+  const nb::dlpack::dtype xd = x.dtype();
+  if (xd == nb::dtype<float>()) {
+    p.dtype = flashcute::DType::kFloat32;
+  } else if (xd.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat) && xd.bits == 16 && xd.lanes == 1) {
+    p.dtype = flashcute::DType::kBFloat16;
+  } else if (xd.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float) && xd.bits == 16 && xd.lanes == 1) {
+    p.dtype = flashcute::DType::kFloat16;
+  } else {
+    throw nb::type_error(("x: expected float16, bfloat16 or float32, got " + dtype_name(xd)).c_str());
+  }
+  p.out = out.data();
+  p.descale = static_cast<float*>(descale.data());
+  p.batch = r.batch, p.seqlen = r.rows, p.nheads = r.heads, p.headdim = r.headdim;
+  p.x_batch_stride = r.batch_stride, p.x_row_stride = r.row_stride, p.x_head_stride = r.head_stride;
+  p.block = block, p.hadamard = hadamard, p.seed = seed;
+  if (workspace) {
+    p.workspace = workspace->data();
+    p.workspace_bytes = workspace->nbytes();
+  }
+  p.device = x.device_id();
+  p.stream = reinterpret_cast<cudaStream_t>(stream);
+  flashcute::Status status;
+  {
+    nb::gil_scoped_release release;
+    status = flashcute::quantize_fp8(p);
+  }
+  raise_on_error(status);
+}
+
 }  // namespace
 
 NB_MODULE(_C, m) {
@@ -702,9 +820,12 @@ NB_MODULE(_C, m) {
         nb::arg("cu_seqlens_q").none() = nb::none(), nb::arg("cu_seqlens_k").none() = nb::none(),
         nb::arg("seqused_k").none() = nb::none(), nb::arg("max_seqlen_q") = 0, nb::arg("max_seqlen_k") = 0,
         nb::arg("dropout_p") = 0.f, nb::arg("dropout_seed") = 0, nb::arg("dropout_offset") = 0,
-        nb::arg("dropout_rng_state").none() = nb::none(),
+        nb::arg("dropout_rng_state").none() = nb::none(), nb::arg("q_descale").none() = nb::none(),
+        nb::arg("k_descale").none() = nb::none(), nb::arg("v_descale").none() = nb::none(),
+        nb::arg("uint8_as_fp8") = false,
         "Attention forward into out (and lse when given); cu_seqlens_q / cu_seqlens_k make q, out / k, v "
-        "packed (total, heads, headdim) and lse (heads, total_q).");
+        "packed (total, heads, headdim) and lse (heads, total_q). float8_e4m3fn q, k, v (or uint8 with "
+        "uint8_as_fp8) take optional float32 descales and write a bfloat16 out.");
   m.def("kvcache_forward", &kvcache_forward, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("out"),
         nb::arg("lse").none(), nb::arg("cache_seqlens"), nb::arg("page_table").none(), nb::arg("k_new").none(),
         nb::arg("v_new").none(), nb::arg("cu_seqlens_q").none(), nb::arg("max_seqlen_q"), nb::arg("softmax_scale"),
@@ -722,6 +843,12 @@ NB_MODULE(_C, m) {
   m.def("merge_states", &merge_states, nb::arg("out_a"), nb::arg("lse_a"), nb::arg("out_b"), nb::arg("lse_b"),
         nb::arg("out"), nb::arg("lse"), nb::arg("stream"),
         "Merges two attention states (out, lse) of the same rows over disjoint keys into out and lse.");
+  m.def("quantize_fp8", &quantize_fp8, nb::arg("x"), nb::arg("out"), nb::arg("descale"), nb::arg("workspace").none(),
+        nb::arg("block"), nb::arg("hadamard"), nb::arg("seed"), nb::arg("stream"),
+        "FP8 (e4m3fn) quantization of x into out and descale, per head or per block of 128 rows, optionally "
+        "after a random-sign Hadamard transform; workspace: quantize_fp8_workspace_size bytes (per-head scales).");
+  m.def("quantize_fp8_workspace_size", &flashcute::quantize_fp8_workspace_size, nb::arg("batch"), nb::arg("nheads"),
+        nb::arg("block"), "Bytes of device workspace quantize_fp8 needs (0 with block scales).");
   m.def("forward_workspace_size", &forward_workspace_size, nb::arg("batch"), nb::arg("seqlen_q"),
         nb::arg("seqlen_k"), nb::arg("nheads"), nb::arg("nheads_kv"), nb::arg("headdim"),
         nb::arg("dtype"), nb::arg("causal"), nb::arg("backend"), nb::arg("device"),
@@ -796,6 +923,7 @@ NB_MODULE(_C, m) {
     d["hopper_dtypes"] = info.hopper_dtypes;
     d["hopper_backward_head_dims"] = info.hopper_backward_head_dims;
     d["hopper_dv_pairs"] = info.hopper_dv_pairs;
+    d["hopper_fp8_head_dims"] = info.hopper_fp8_head_dims;
     d["cuda_runtime_version"] = info.cuda_runtime_version;
     return d;
   });

@@ -10,7 +10,8 @@
 // host API sizes the forward's workspace from these values.
 #pragma once
 
-#include "hopper_tile_overrides.h"  // generated
+#include "hopper_tile_overrides.h"      // generated
+#include "hopper_fp8_tile_overrides.h"  // generated
 
 #ifndef FLASHCUTE_HOPPER_TILE_64
 #define FLASHCUTE_HOPPER_TILE_64 128, 2, 3
@@ -35,6 +36,21 @@
 #define FLASHCUTE_HOPPER_TILE_64_SHORT_CAUSAL 64, 4, 3
 #endif
 
+// FP8 (e4m3) tiles: key blocks of 128 or 64 lie in one 128-row descale block (one K and V
+// descale per block); V also takes a transposed copy in shared memory (fwd_v_transpose.h).
+// hd 64 and 128 run three consumers (192-row tiles; hd 128 with 64-key blocks, as 128 keys
+// spill there): on H100, +19 to +23 % TFLOP/s at hd 64 and +4 to +10 % at hd 128 over two
+// consumers on 128-key blocks (benchmarks/results/README.md).
+#ifndef FLASHCUTE_HOPPER_FP8_TILE_64
+#define FLASHCUTE_HOPPER_FP8_TILE_64 128, 2, 3
+#endif
+#ifndef FLASHCUTE_HOPPER_FP8_TILE_128
+#define FLASHCUTE_HOPPER_FP8_TILE_128 64, 2, 3
+#endif
+#ifndef FLASHCUTE_HOPPER_FP8_TILE_256
+#define FLASHCUTE_HOPPER_FP8_TILE_256 64, 2, 2
+#endif
+
 namespace flashcute::hopper {
 
 template <int kHeadDim> struct FwdTileShape;
@@ -46,6 +62,14 @@ template <> struct FwdTileShape<96> : FwdTileValues<FLASHCUTE_HOPPER_TILE_96> {}
 template <> struct FwdTileShape<128> : FwdTileValues<FLASHCUTE_HOPPER_TILE_128> {};
 template <> struct FwdTileShape<192> : FwdTileValues<FLASHCUTE_HOPPER_TILE_192> {};
 template <> struct FwdTileShape<256> : FwdTileValues<FLASHCUTE_HOPPER_TILE_256> {};
+
+template <int kHeadDim> struct FwdFp8TileShape;
+template <> struct FwdFp8TileShape<64> : FwdTileValues<FLASHCUTE_HOPPER_FP8_TILE_64> {};
+template <> struct FwdFp8TileShape<128> : FwdTileValues<FLASHCUTE_HOPPER_FP8_TILE_128> {};
+template <> struct FwdFp8TileShape<256> : FwdTileValues<FLASHCUTE_HOPPER_FP8_TILE_256> {};
+static_assert(128 % FwdFp8TileShape<64>::kBlockN_ == 0 && 128 % FwdFp8TileShape<128>::kBlockN_ == 0 &&
+                  128 % FwdFp8TileShape<256>::kBlockN_ == 0,
+              "an FP8 key block must lie in one 128-row descale block");
 
 // The second tile shape of a head dim: hd 64 for short causal calls.
 template <int kHeadDim> struct FwdSecondTileShape;

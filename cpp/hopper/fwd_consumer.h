@@ -24,6 +24,8 @@
 #include "dropout.h"
 #include "fragment_views.h"
 #include "hopper/fwd_epilogue.h"
+#include "hopper/fwd_fp8_scales.h"
+#include "hopper/fwd_p_operand.h"
 #include "hopper/fwd_params.h"
 #include "hopper/fwd_split_pieces.h"
 #include "hopper/named_barriers.h"
@@ -49,13 +51,12 @@ CUTE_DEVICE void drop_weights(FwdKernelParams const& args, FwdTile const& tile, 
     Dropout::of(args).apply_words(p_regs, offsets_rc, row_base, col_base, tile.batch * args.nheads + tile.head);
 }
 
-template <class Traits>
+// pipeline_v: V's stages as P·V reads them (8-bit: the transposed copies, fwd_v_transpose.h).
+template <class Traits, class PipelineV>
 CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::SharedStorage& storage,
-                             typename Traits::PipelineKV& pipeline_k,
-                             typename Traits::PipelineKV& pipeline_v, int consumer) {
+                             typename Traits::PipelineKV& pipeline_k, PipelineV& pipeline_v, int consumer) {
   using namespace cute;
-  using ElementP = typename Traits::ElementP;
-  using PipelineKV = typename Traits::PipelineKV;
+  constexpr bool kFp8 = Traits::kTransposesV;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kRows = Traits::kRowsPerConsumer;
   const FwdKernelParams& args = params.args;
@@ -67,7 +68,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
   auto thr_pv = mma_pv.get_thread_slice(tid);
   Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{})(_, _, consumer);
   Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutK{});
-  Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutVt{});
+  Tensor sVt = make_tensor(make_smem_ptr(kFp8 ? storage.vt.data() : storage.v.data()), typename Traits::SmemLayoutVt{});
   Tensor tSrQ = thr_qk.partition_fragment_A(sQ);   // (MMA, 1, hd/16) descriptors
   Tensor tSrK = thr_qk.partition_fragment_B(sK);   // (MMA, 1, hd/16, stage)
   Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (MMA, 1, keys/16, stage)
@@ -76,9 +77,9 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
   Tensor acc_o = partition_fragment_C(mma_pv, typename Traits::TileO{});
   Tensor acc_o_rc = rowcol_view(acc_o);
   constexpr int kThreadRows = decltype(size<0>(acc_o_rc))::value;
-  // P: the probabilities in ElementP precision, laid out as the A operand of P·V.
-  Tensor p_regs = make_tensor<ElementP>(make_layout(shape(AccS{})));
-  Tensor tOrP = make_tensor(p_regs.data(), acc_to_a_operand_layout(p_regs.layout()));
+  // P: the probabilities in ElementP precision, as the A operand of P·V (fwd_p_operand.h).
+  POperand<Traits> p_operand;
+  auto&& tOrP = p_operand.a();
 
   // Score coordinates: this thread's first element plus offsets known at compile time.
   Tensor cS = make_identity_tensor(typename Traits::TileS{});
@@ -129,7 +130,10 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
     mine.n_end = cute::max(cute::min(mine.n_end, range.n_end), n_begin);
     const int mine_begin = cute::min(cute::max(mine.n_begin, n_begin), mine.n_end);
     const int my_row = consumer_row0 + thread_row;
-    OnlineSoftmax<kThreadRows> softmax(args.scale_log2);
+    // 8-bit: the tile's descales (fwd_fp8_scales.h); Q's and K's per-head ones fold into the scale.
+    Fp8TileScales scales{};
+    if constexpr (kFp8) scales = Fp8TileScales::of(args, tile.batch, tile.head, consumer_row0, hook.active());
+    OnlineSoftmax<kThreadRows, kFp8> softmax(kFp8 ? args.scale_log2 * scales.qk : args.scale_log2);
     clear(acc_o);
     storage.q_full.wait(iteration & 1);
 
@@ -139,10 +143,31 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
                  hook.alibi_slope(tile.batch, tile.head));
     };
 
-    auto scores_done = [&](AccS& acc_s, int n, bool masked, float (&correction)[kThreadRows]) {
+    // Dropout (16-bit only: 8-bit calls refuse it) on P of key block n.
+    auto drop_weights_of = [&](int n) {
+      if constexpr (!kFp8) drop_weights(args, tile, p_operand.regs, score_offsets_rc, my_row, n * kBlockN + thread_col);
+    };
+
+    // 8-bit: key block n's descales (read when its GEMMs are issued) on its raw scores and its
+    // P scale, before the hook.
+    using Fp8Block = Fp8TileScales::Block;
+    auto fp8_block = [&](int n) {
+      if constexpr (kFp8) return scales.block(n, kBlockN);
+      else return Fp8Block{};
+    };
+    auto descale_block = [&](auto& acc_s_rc, Fp8Block const& factors) {
+      if constexpr (kFp8) {
+        if (scales.multiplies) Fp8TileScales::multiply(acc_s_rc, factors.s_factor);
+        softmax.p_log2 = factors.p_log2;
+        softmax.p_inv = factors.p_inv;
+      }
+    };
+
+    auto scores_done = [&](AccS& acc_s, Fp8Block const& factors, int n, bool masked, float (&correction)[kThreadRows]) {
       pipeline_k.consumer_release(k_state);
       ++k_state;
       Tensor acc_s_rc = rowcol_view(acc_s);
+      descale_block(acc_s_rc, factors);
       if (hook.active()) apply_hook(acc_s_rc, n);  // S is raw here
       if (masked) mask.apply(acc_s_rc, score_offsets_rc, my_row, n * kBlockN + thread_col);
       softmax.update_scores(acc_s_rc, correction);
@@ -170,16 +195,17 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
         turns.wait();
         wgmma_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
         turns.pass();
+        const Fp8Block factors = fp8_block(n);
         if (!skips) epilogue.release_previous_o(iteration);
         warpgroup_wait<0>();
-        scores_done(acc_s, n, mine.needs_mask(n), correction);  // acc_o is still zero
-        convert_fragment_into(acc_s, p_regs);
-        drop_weights(args, tile, p_regs, score_offsets_rc, my_row, n * kBlockN + thread_col);
+        scores_done(acc_s, factors, n, mine.needs_mask(n), correction);  // acc_o is still zero
+        p_operand.set(acc_s);
+        drop_weights_of(n);
       }
       // Variable-length batches: V rows past the sequence's used keys (the next sequence's, or
       // unused cache slots) may hold anything, NaN included, and 0 · NaN would reach O. Only
       // the first block a consumer computes can hold such rows; it zeroes them before its P·V.
-      if (!SeqView::fixed(args) && (n + 1) * kBlockN > view.seqlen_k) {
+      if (!kFp8 && !SeqView::fixed(args) && (n + 1) * kBlockN > view.seqlen_k) {
         // All 128 threads of this consumer; other consumers may write the same zeros.
         pipeline_v.consumer_wait(v_state);
         Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutV{});
@@ -197,6 +223,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
         wgmma_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
         wgmma_issue<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), acc_o);
         turns.pass();
+        const Fp8Block factors = fp8_block(n);
         warpgroup_wait<1>();
         // Unmasked blocks keep the row max where the weights stay small (online_softmax.h);
         // otherwise S is computed again and goes through the full update.
@@ -205,6 +232,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
         float block_sum[kThreadRows];
         if constexpr (kKeepMax) {
           Tensor acc_s_rc = rowcol_view(acc_s);
+          descale_block(acc_s_rc, factors);
           if (hook.active()) apply_hook(acc_s_rc, n);
           max_kept = all_of_threads(softmax.exp2_against_kept_max(acc_s_rc, block_sum),
                                     int(FwdBarrier::kKeptMax0) + consumer, 128);
@@ -229,26 +257,26 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
           softmax.add_block_sums(block_sum);
         } else {
           if constexpr (kKeepMax) warpgroup_wait<0>();
-          scores_done(acc_s, n, decltype(masked)::value, correction);  // S computed again: raw
+          scores_done(acc_s, factors, n, decltype(masked)::value, correction);  // S computed again: raw
         }
         warpgroup_wait<0>();
         pipeline_v.consumer_release(v_state);
         ++v_state;
-        if (!max_kept) OnlineSoftmax<kThreadRows>::rescale(acc_o_rc, correction);
-        convert_fragment_into(acc_s, p_regs);
+        if (!max_kept) OnlineSoftmax<kThreadRows, kFp8>::rescale(acc_o_rc, correction);
+        p_operand.set(acc_s);
       };
       // Dropout after each step (kept max or full update alike), as after the first block.
       for (--n; n >= mine_begin && n >= mine.n_unmasked; --n) {
         step(n, cute::true_type{});
-        drop_weights(args, tile, p_regs, score_offsets_rc, my_row, n * kBlockN + thread_col);
+        drop_weights_of(n);
       }
       for (; n >= mine_begin && n >= mine.n_unmasked_begin; --n) {
         step(n, cute::false_type{});
-        drop_weights(args, tile, p_regs, score_offsets_rc, my_row, n * kBlockN + thread_col);
+        drop_weights_of(n);
       }
       for (; n >= mine_begin; --n) {
         step(n, cute::true_type{});
-        drop_weights(args, tile, p_regs, score_offsets_rc, my_row, n * kBlockN + thread_col);
+        drop_weights_of(n);
       }
       if constexpr (!Traits::kOAliasesQ) storage.q_empty.arrive();  // last Q·Kᵀ has completed
 
@@ -271,9 +299,11 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
 
     // A piece of a split tile leaves its state; the CTA whose piece finishes the tile merges
     // and stores it below, after its own pieces.
-    if (tile.split >= 0) {
-      if (leave_split_piece(params, consumer, tile, acc_o_rc, softmax, warp_has_rows(consumer_row0), few_rows(row0)))
-        split_last |= 1u << walk.piece;
+    if (tile.split >= 0) {  // never with 8-bit P (fwd_launch.h)
+      if constexpr (!kFp8) {
+        if (leave_split_piece(params, consumer, tile, acc_o_rc, softmax, warp_has_rows(consumer_row0), few_rows(row0)))
+          split_last |= 1u << walk.piece;
+      }
       if constexpr (Traits::kOAliasesQ) {
         if (tid == 0) storage.q_empty.arrive();  // no O was staged in Q's buffer
       }
@@ -281,7 +311,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
       continue;
     }
     float lse[kThreadRows];
-    softmax.finalize(acc_o_rc, lse, args.dropout_rescale);
+    softmax.finalize(acc_o_rc, lse, kFp8 ? scales.o_factor : args.dropout_rescale);
     epilogue.store(acc_o, lse, tile, consumer_row0);
     ++iteration;
   }

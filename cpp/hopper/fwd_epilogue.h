@@ -63,6 +63,13 @@ struct FwdEpilogue {
     using namespace cute;
     const FwdKernelParams& args = params.args;
     Tensor o = convert_fragment<ElementO>(acc_o);
+    if constexpr (Traits::kTransposesV) {  // FP8's 16-bit O: float16 bits where the caller asks for them
+      if (args.out_fp16) {
+        Tensor o_fp16 = convert_fragment<cutlass::half_t>(acc_o);
+        CUTE_UNROLL
+        for (int i = 0; i < size(o); ++i) o(i) = ElementO::bitcast(o_fp16(i).raw());
+      }
+    }
     // At hd 192 and 256 the offsets below are recomputed per tile (opaque_consumer_thread);
     // smaller head dims keep them live, which saves the recomputation on every tile.
     const int thread = Traits::kHeadDim >= 192 ? opaque_consumer_thread() : tid;

@@ -13,6 +13,7 @@
 #include "hopper/fwd_consumer.h"
 #include "hopper/fwd_params.h"
 #include "hopper/fwd_producer.h"
+#include "hopper/fwd_v_transpose.h"
 
 namespace flashcute::hopper {
 
@@ -47,16 +48,33 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   pipeline_params.num_consumers = 128 * Traits::kConsumers;
   PipelineKV pipeline_k(storage.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
   pipeline_params.transaction_bytes = Traits::kVBlockBytes;  // V's blocks are kHeadDimV wide
+  if constexpr (Traits::kTransposesV) {  // V's stages go to the transposing warps
+    pipeline_params.role = warp_group != 0      ? PipelineKV::ThreadCategory::NonParticipant
+                           : warp_in_group == 0 ? PipelineKV::ThreadCategory::Producer
+                                                : PipelineKV::ThreadCategory::Consumer;
+    pipeline_params.num_consumers = 32 * Traits::kTransposeWarps;
+  }
   PipelineKV pipeline_v(storage.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
+  // 8-bit: the transposed stages, from the transposing warps to the consumers.
+  using PipelineVt = typename Traits::PipelineVt;
+  typename PipelineVt::Params vt_params;
+  vt_params.role = warp_group != 0 ? PipelineVt::ThreadCategory::Consumer : PipelineVt::ThreadCategory::Producer;
+  vt_params.producer_arv_count = 32 * Traits::kTransposeWarps;
+  vt_params.consumer_arv_count = 128 * Traits::kConsumers;
+  PipelineVt pipeline_vt(storage.pipeline_vt, vt_params, cute::bool_constant<Traits::kTransposesV>{});
   cutlass::arch::fence_barrier_init();
   __syncthreads();
 
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
     if (warp_in_group == 0 && producer_thread) produce_fwd<Traits>(params, storage, pipeline_k, pipeline_v);
+    if constexpr (Traits::kTransposesV) {
+      if (warp_in_group > 0) transpose_v<Traits>(params, storage, pipeline_v, pipeline_vt);
+    }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
-    consume_fwd<Traits>(params, storage, pipeline_k, pipeline_v, warp_group - 1);
+    if constexpr (Traits::kTransposesV) consume_fwd<Traits>(params, storage, pipeline_k, pipeline_vt, warp_group - 1);
+    else consume_fwd<Traits>(params, storage, pipeline_k, pipeline_v, warp_group - 1);
   }
 #endif
 }

@@ -75,7 +75,8 @@ Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
   using ElementV = typename Traits::ElementV;
   using ElementO = typename Traits::ElementO;
   // The kernel runs the packed call where query heads are packed; Q and O keep the caller's shapes.
-  const int packed = fwd_packed_heads(call, kHeadDim, Traits::kBlockM, kHeadDimV);
+  // Not with 8-bit inputs, whose Q descale may differ per query head.
+  const int packed = Traits::kTransposesV ? 1 : fwd_packed_heads(call, kHeadDim, Traits::kBlockM, kHeadDimV);
   const FwdKernelParams p = fwd_packed_view(call, packed);
   auto kernel = &fwd_kernel<Traits>;
   constexpr int kSmem = Traits::kSmemBytes;
@@ -196,9 +197,10 @@ Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
   int grid = std::min(kp.schedule.num_units, sm_count);
 
   // The last wave shared by all CTAs, where it pays and the caller gave the workspace for it.
-  static_assert(fwd_tile_size(kHeadDim, kSecondTile).consumers == Traits::kConsumers &&
-                fwd_tile_size(kHeadDim, kSecondTile).block_n == Traits::kBlockN);
-  const FwdSplitPlan split = plan_fwd_split(call, kHeadDim, sm_count, kHeadDimV);
+  static_assert(Traits::kTransposesV || (fwd_tile_size(kHeadDim, kSecondTile).consumers == Traits::kConsumers &&
+                                          fwd_tile_size(kHeadDim, kSecondTile).block_n == Traits::kBlockN));
+  // 8-bit calls never split (their workspace size is 0): a piece's state would need its descales.
+  const FwdSplitPlan split = Traits::kTransposesV ? FwdSplitPlan{} : plan_fwd_split(call, kHeadDim, sm_count, kHeadDimV);
   if (split.split.tiles > 0 && p.workspace != nullptr && p.workspace_bytes >= split.workspace.bytes) {
     kp.schedule.split = split.split;
     kp.split_count = static_cast<int*>(p.workspace);
@@ -234,7 +236,7 @@ Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
 // kHeadDimV: V's and O's head dim where it differs (a (head dim, V head dim) pair kernel).
 template <class Element, int kHeadDim, int kHeadDimV = kHeadDim>
 Status run_fwd(const FwdKernelParams& p, cudaStream_t stream) {
-  if constexpr (fwd_has_second_tile(kHeadDim) && kHeadDimV == kHeadDim) {
+  if constexpr (fwd_has_second_tile(kHeadDim) && kHeadDimV == kHeadDim && !kIsFp8<Element>) {
     if (fwd_second_tile(kHeadDim, p.seqlen_q, p.seqlen_k, p.causal))
       return run_fwd_tiles<Element, kHeadDim, true, kHeadDimV>(p, stream);
   }

@@ -7,6 +7,7 @@
 #include "hopper/seq_rows.h"
 #include "hopper/tile_scheduler.h"
 #include "kernel_params.h"
+#include "mask.h"
 #include "seq_view.h"
 
 namespace flashcute::hopper {
@@ -40,7 +41,7 @@ struct FwdParams {
 
 // Head dims whose calls may pack query heads (fwd_packed_heads): whole 128-byte swizzle columns.
 template <class Traits>
-constexpr bool kPacksQueryHeads = Traits::kHeadDim % 64 == 0 && Traits::kHeadDimV % 64 == 0;
+constexpr bool kPacksQueryHeads = Traits::kHeadDim % 64 == 0 && Traits::kHeadDimV % 64 == 0 && !Traits::kTransposesV;
 
 // Packed query heads: where consumer c's TMA box of head-dim columns [col, col + 64) lies in
 // Q's buffer (of kHeadDim columns) or O's staging (kHeadDimV), both laid out alike. The box is
@@ -114,6 +115,19 @@ CUTE_DEVICE SeqTile<Traits> seq_tile(FwdParams<Traits> const& params, int m_bloc
     return mine >= rank ? SeqTile<Traits>{mine, shift} : none;
   }
   return 2 * m_block + 1 < seq_tiles ? SeqTile<Traits>{m_block, shift} : none;  // its second tile r
+}
+
+// The key blocks [n_begin, n_end) a scheduled tile loads, in its sequence (none where the
+// tile is past the sequence's query rows): its mask's range, a split piece's share of it.
+struct TileKeyBlocks {
+  int n_begin, n_end;
+};
+template <class Traits>
+CUTE_DEVICE TileKeyBlocks tile_key_blocks(FwdParams<Traits> const& params, FwdTile const& tile, SeqView const& view) {
+  const int row0 = seq_tile(params, tile.m_block, view.seqlen_q).row0();
+  if (row0 >= view.seqlen_q) return {0, 0};
+  const KeyBlockRange range = key_block_range<Traits::kBlockN>(view.mask(params.args), row0, Traits::kBlockM);
+  return {cute::max(range.n_begin, tile.key_begin), cute::min(range.n_end, tile.key_end)};
 }
 
 }  // namespace flashcute::hopper

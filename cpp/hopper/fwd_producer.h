@@ -25,7 +25,6 @@ CUTE_DEVICE void produce_fwd(FwdParams<Traits> const& params, typename Traits::S
                              typename Traits::PipelineKV& pipeline_v) {
   using namespace cute;
   using PipelineKV = typename Traits::PipelineKV;
-  constexpr int kBlockN = Traits::kBlockN;
   constexpr int kRows = Traits::kRowsPerConsumer;
   const FwdKernelParams& args = params.args;
 
@@ -52,10 +51,8 @@ CUTE_DEVICE void produce_fwd(FwdParams<Traits> const& params, typename Traits::S
     const int row0 = place.row0();
     if (row0 >= view.seqlen_q) continue;  // the consumers skip it too
     const int kv_head = tile.head / args.heads_per_kv;
-    const KeyBlockRange range = key_block_range<kBlockN>(view.mask(args), row0, Traits::kBlockM);
-    // A piece of a split tile: its key blocks only.
-    const int n_begin = cute::max(range.n_begin, tile.key_begin);
-    const int n_end = range.n_end < tile.key_end ? range.n_end : tile.key_end;
+    const TileKeyBlocks blocks = tile_key_blocks(params, tile, view);  // a split piece: its own only
+    const int n_begin = blocks.n_begin, n_end = blocks.n_end;
     // (TMA, ..., 64-row block): block b starts at row 64 b - row_shift
     // Packed sides: the sequence's rows start at q_start / k_start of one batch (seq_view.h).
     const int q_batch = tma_batch(args.cu_seqlens_q, tile.batch);

@@ -20,16 +20,22 @@ namespace flashcute::hopper {
 using namespace cute;
 
 // Element types per operand: Q and K (ElementQK), V, O (and its staging), and P, the
-// probabilities as the A operand of P·V. Today all are Element; they are separate so that a
-// kernel may read one type and write another (e.g. 8-bit Q/K/V, 16-bit O). kHeadDimV: the
-// head dim of V and O (default kHeadDim); Q·Kᵀ runs over kHeadDim, P·V and O over kHeadDimV.
-template <class Element_, int kHeadDim_, int kBlockN_, int kStages_, int kConsumers_ = 2, int kHeadDimV_ = kHeadDim_>
+// probabilities as the A operand of P·V. A 16-bit Element is every operand's type; e4m3
+// (FP8) reads Q, K and V as e4m3, multiplies P as e4m3 too and writes a 16-bit O (ElementO_).
+// kHeadDimV: the head dim of V and O (default kHeadDim); Q·Kᵀ runs over kHeadDim, P·V and O
+// over kHeadDimV.
+template <class Element_, int kHeadDim_, int kBlockN_, int kStages_, int kConsumers_ = 2, int kHeadDimV_ = kHeadDim_,
+          class ElementO_ = Element_>
 struct FwdTraits {
   using Element = Element_;
   using ElementQK = Element;
   using ElementV = Element;
-  using ElementO = Element;
+  using ElementO = ElementO_;
   using ElementP = ElementV;  // the A operand of P·V takes V's type
+  // 8-bit WGMMA reads both operands K-major only: V (keys × hdv, hdv contiguous) is copied
+  // transposed by the producer warpgroup's other warps (fwd_v_transpose.h).
+  static constexpr bool kTransposesV = sizeof(ElementV) == 1;
+  static constexpr int kTransposeWarps = kTransposesV ? 3 : 0;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kHeadDimV = kHeadDimV_;
   static constexpr int kBlockN = kBlockN_;    // keys per block
@@ -38,8 +44,19 @@ struct FwdTraits {
   static constexpr int kRowsPerConsumer = 64; // one WGMMA M extent
   static constexpr int kBlockM = kRowsPerConsumer * kConsumers;
   static constexpr int kThreads = 128 * (kConsumers + 1);
-  static constexpr int kProducerRegs = 24;  // setmaxnreg: what the TMA warpgroup keeps
-  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+  // setmaxnreg: what the TMA warpgroup keeps (more where its warps also transpose V).
+  // The transposing warps keep their addresses in registers where the consumers can spare
+  // them (two consumers below hd 256, whose O alone takes 128 of a consumer thread's), else in
+  // shared memory (fwd_v_transpose.h).
+  static constexpr bool kTransposeKeepsOffsets = kConsumers == 2 && kHeadDimV < 256;
+  static constexpr int kTransposeUnits = kBlockN / 16 * (kHeadDimV / 32);  // 16 keys x 32 columns each
+  static constexpr int kTransposeUnitsPerWarp = kTransposesV ? (kTransposeUnits + kTransposeWarps - 1) / kTransposeWarps : 0;
+  static constexpr int kTransposeTable =
+      kTransposesV && !kTransposeKeepsOffsets ? 32 * kTransposeWarps * kTransposeUnitsPerWarp : 1;
+  static constexpr int kProducerRegs = !kTransposesV ? 24 : kTransposeKeepsOffsets ? 72 : 40;
+  // The rest of the CTA's allocation, shared by the consumers (a multiple of 8, at most 240).
+  static constexpr int kConsumerRegs = cute::min(
+      240, ((65536 / kThreads) / 8 * 8 * kThreads / 128 - kProducerRegs) / kConsumers / 8 * 8);
   // setmaxnreg only moves registers within the CTA's launch allocation (65536 / kThreads per
   // thread, rounded down to 8); asking for more than it holds waits forever.
   static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= (65536 / kThreads) / 8 * 8 * kThreads,
@@ -68,16 +85,22 @@ struct FwdTraits {
       SmemAtomO{}, Shape<Int<kRowsPerConsumer>, Int<kHeadDimV>, Int<kConsumers>>{}));
   using SmemLayoutK = decltype(tile_to_shape(SmemAtomQK{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
   using SmemLayoutV = decltype(tile_to_shape(SmemAtomV{}, Shape<Int<kBlockN>, Int<kHeadDimV>, Int<kStages>>{}));
-  // V seen as (hdv, keys, stage): the MN-major B operand of P·V, no transpose in memory.
-  using SmemLayoutVt = decltype(composition(
+  // V as P·V's B operand (hdv, keys, stage). 16-bit: V's buffer seen MN-major, no transpose
+  // in memory. 8-bit: a buffer of its own, K-major (keys contiguous), written by the transpose.
+  using SmemLayoutVtView = decltype(composition(
       SmemLayoutV{}, make_ordered_layout(Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{},
                                          Step<_2, _1, _3>{})));
+  using SmemAtomVt = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
+                              GMMA::Major::K, ElementV, Int<kHeadDimV>, Int<kBlockN>>());
+  using SmemLayoutVtBuffer = decltype(tile_to_shape(SmemAtomVt{}, Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{}));
+  using SmemLayoutVt = std::conditional_t<kTransposesV, SmemLayoutVtBuffer, SmemLayoutVtView>;
+  static constexpr int kVtElems = kTransposesV ? int(cosize_v<SmemLayoutVtBuffer>) : 8;
 
   using TiledMmaQK = decltype(make_tiled_mma(
       GMMA::ss_op_selector<ElementQK, ElementQK, float, Shape<Int<kRowsPerConsumer>, Int<kBlockN>, Int<kHeadDim>>>()));
   using TiledMmaPV = decltype(make_tiled_mma(
       GMMA::rs_op_selector<ElementP, ElementV, float, Shape<Int<kRowsPerConsumer>, Int<kHeadDimV>, Int<kBlockN>>,
-                           GMMA::Major::K, GMMA::Major::MN>()));
+                           GMMA::Major::K, kTransposesV ? GMMA::Major::K : GMMA::Major::MN>()));
   using SmemCopyAtomO = Copy_Atom<SM90_U32x4_STSM_N, ElementO>;
 
   // Global tensors as TMA sees them: (seqlen, hd, heads, batch), unit stride along hd.
@@ -102,27 +125,35 @@ struct FwdTraits {
   // buffer (the next tile's V loads wait for the O store, but its Q and first K blocks do not);
   // else Q's buffer (the next tile's Q load waits for the O store).
   static constexpr int kSmemLimit = 227 * 1024;
+  static constexpr int kVtBytes = kTransposesV ? kVtElems * int(sizeof(ElementV)) : 0;
   static constexpr bool kOOwnBuffer = int(kQBytes) + kOBufferBytes + kKElems * int(sizeof(ElementQK)) +
-                                          kVElems * int(sizeof(ElementV)) + 1024 <= kSmemLimit;
+                                          kVElems * int(sizeof(ElementV)) + kVtBytes + 1024 <= kSmemLimit;
   static constexpr bool kOAliasesV = !kOOwnBuffer && kVElems * int(sizeof(ElementV)) >= kOBufferBytes;
   static constexpr bool kOAliasesQ = !kOOwnBuffer && !kOAliasesV;
   // In Q's buffer each consumer's O must sit on its own Q rows, which other consumers never read.
   static_assert(!kOAliasesQ || (kHeadDimV == kHeadDim && sizeof(ElementO) == sizeof(ElementQK)),
                 "O staged in Q's buffer needs Q's layout");
+  // The transposing warps read V's buffer while the consumers store O: O needs its own buffer.
+  static_assert(!kTransposesV || kOOwnBuffer, "an FP8 tile needs O in a buffer of its own");
 
   // Arrivals that free Q's buffer: every consumer thread after its last Q·Kᵀ, or, when O
   // reuses the buffer, one thread per consumer after its O store has read it.
   static constexpr int kQEmptyArrivals = kOAliasesQ ? kConsumers : 128 * kConsumers;
 
   using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
+  // 8-bit: the transposed V's stages, written by the transposing warps, read by the consumers.
+  using PipelineVt = cutlass::PipelineAsync<kStages>;
 
   struct SharedStorage {
     cute::array_aligned<ElementQK, kQElems, 1024> q;
     cute::array_aligned<ElementQK, kKElems, 1024> k;
     cute::array_aligned<ElementV, kVElems, 1024> v;
+    cute::array_aligned<ElementV, kVtElems, 1024> vt;
     cute::array_aligned<ElementO, kOOwnBuffer ? kOElems : 8, 1024> o;
     typename PipelineKV::SharedStorage pipeline_k;
     typename PipelineKV::SharedStorage pipeline_v;
+    typename PipelineVt::SharedStorage pipeline_vt;
+    uint2 transpose_offsets[kTransposeTable];  // (unit, thread): V's and Vt's offsets in a stage
     cutlass::arch::ClusterTransactionBarrier q_full;  // Q of the current tile landed
     cutlass::arch::ClusterBarrier q_empty;            // consumers are done with Q's buffer
     cutlass::arch::ClusterBarrier o_empty;            // O in V's buffer: the O stores have read it
@@ -131,9 +162,16 @@ struct FwdTraits {
   static_assert(kSmemBytes <= kSmemLimit, "tile does not fit in shared memory");
 };
 
-// A (head dim, V head dim) pair takes the tile of its Q·Kᵀ head dim (fwd_config.h).
+// A (head dim, V head dim) pair takes the tile of its Q·Kᵀ head dim (fwd_config.h); e4m3 its
+// FP8 tile, with a bf16 O.
+template <class Element> constexpr bool kIsFp8 = sizeof(Element) == 1;
+template <class Element, int kHeadDim, bool kSecondTile, class Shape =
+          std::conditional_t<kIsFp8<Element>, FwdFp8TileShape<kHeadDim>,
+                             std::conditional_t<kSecondTile, FwdSecondTileShape<kHeadDim>, FwdTileShape<kHeadDim>>>>
+struct FwdTileOf : Shape {};
 template <class Element, int kHeadDim, bool kSecondTile = false, int kHeadDimV = kHeadDim,
-          class Shape = std::conditional_t<kSecondTile, FwdSecondTileShape<kHeadDim>, FwdTileShape<kHeadDim>>>
-using FwdTraitsFor = FwdTraits<Element, kHeadDim, Shape::kBlockN_, Shape::kStages_, Shape::kConsumers_, kHeadDimV>;
+          class Shape = FwdTileOf<Element, kHeadDim, kSecondTile>>
+using FwdTraitsFor = FwdTraits<Element, kHeadDim, Shape::kBlockN_, Shape::kStages_, Shape::kConsumers_, kHeadDimV,
+                               std::conditional_t<kIsFp8<Element>, cutlass::bfloat16_t, Element>>;
 
 }  // namespace flashcute::hopper

@@ -7,7 +7,9 @@
 packed batches of sequences of different lengths. ``flashcute.attention_with_kvcache`` attends
 against a contiguous or paged key/value cache, appending new keys in place (decoding, chunked
 prefill), and ``flashcute.merge_attention_states`` merges two partial attention results over
-their log-sum-exp. ``flashcute.sdpa``,
+their log-sum-exp; ``flashcute.quantize_fp8`` quantizes attention inputs to FP8 with per-head
+or per-block (``flashcute.FP8_BLOCK`` rows) scales, optionally after a random-sign Hadamard
+transform. ``flashcute.sdpa``,
 ``flashcute.flash_attn_func`` and ``flashcute.flash_attn_varlen_func`` take torch SDPA's and
 FlashAttention's signatures and layouts;
 ``flashcute.integrations.transformers`` plugs into Hugging Face transformers.
@@ -32,6 +34,7 @@ from .attention import attention
 from .backward import attention_backward
 from .flash_attn_compat import flash_attn_func, flash_attn_varlen_func
 from .kvcache import attention_with_kvcache, merge_attention_states
+from .quantize import FP8_BLOCK, quantize_fp8
 from .sdpa import sdpa
 from .varlen import attention_varlen, attention_varlen_backward
 
@@ -41,7 +44,7 @@ __all__ = [
     "__version__", "attention", "attention_backward", "attention_varlen",
     "attention_varlen_backward", "attention_with_kvcache", "build_info", "cmake_prefix_path",
     "dropout_rng_state", "flash_attn_func", "flash_attn_varlen_func", "merge_attention_states",
-    "reference", "sdpa", "testing",
+    "reference", "sdpa", "testing", "FP8_BLOCK", "quantize_fp8",
 ]
 
 

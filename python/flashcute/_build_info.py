@@ -75,6 +75,10 @@ def _cached_build_info() -> dict[str, Any]:
                 "head_dim_pairs": _head_dim_pairs(
                     raw.get(f"{name}_dv_pairs", ""), f"{name}_dv_pairs"
                 ),
+                # FP8 (float8_e4m3fn) forward kernels
+                "fp8_head_dims": _head_dims(
+                    raw.get(f"{name}_fp8_head_dims", ""), f"{name}_fp8_head_dims"
+                ),
             }
             for name in BACKEND_NAMES
         },
@@ -88,14 +92,15 @@ def build_info() -> dict[str, Any]:
         A new dict with keys ``"version"`` (str), ``"cuda_archs"`` (list of str such as
         ``["80", "90a"]``), ``"cuda_runtime_version"`` (int, the CUDART_VERSION built
         against) and ``"backends"``: ``{"ampere": {"head_dims": [...], "backward_head_dims": [...],
-        "dtypes": [...], "head_dim_pairs": [...]}, "hopper": {...}}``. A backend that was not
-        built has empty lists. These are the compiled head dims: a call of any multiple of 8
+        "dtypes": [...], "head_dim_pairs": [...], "fp8_head_dims": [...]}, "hopper": {...}}``. A
+        backend that was not built has empty lists. These are the compiled head dims: a call of any multiple of 8
         up to 256 runs on the smallest one at least as large; one without a Hopper-path
         backward kernel that large differentiates on the Ampere path. ``head_dim_pairs`` lists
         the forward kernels whose v head dim differs from q's and k's, as ``[head dim, v head
         dim]``: a call whose v head dim differs runs forward on the smallest pair at least as
         large in both, and backward on the Hopper-path backward kernel at least as large as
-        both head dims.
+        both head dims. ``fp8_head_dims`` lists the FP8 (float8_e4m3fn) forward kernels (Hopper
+        path only).
 
     Raises:
         ImportError: the compiled extension is missing.

@@ -526,11 +526,13 @@ def forward_problem(
     q: Any, k: Any, v: Any, out: Any = None, *, causal: Any, softmax_scale: Any, backend: Any,
     window: Any = (-1, -1), softcap: Any = 0.0, alibi_slopes: Any = None, dropout_p: Any = 0.0,
     dropout_rng_state: Any = None, backward: bool = False,
+    check_dtypes: Optional[Callable[[_Info, list[_Info]], None]] = None,
 ) -> tuple[ForwardProblem, list[_Info]]:
     """``validate_forward`` without its last check (devices): the problem and the tensors'
     infos, q's first (the slopes' and the dropout rng state's last), for callers that add
     tensors of their own before checking devices. ``backward``: a v head dim of its own
-    needs a backward kernel."""
+    needs a backward kernel. ``check_dtypes(q, others)``: the dtype check (default: float16
+    or bfloat16, all alike; FP8 calls pass their own)."""
     check_scalars(causal, softmax_scale, backend, window, softcap)
     dropout = check_dropout_p(dropout_p)
     tensors = {"q": q, "k": k, "v": v}
@@ -541,7 +543,7 @@ def forward_problem(
         _check_rank(info)
     qi, ki, vi, oi = infos["q"], infos["k"], infos["v"], infos.get("out")
     others = [info for name, info in infos.items() if name != "q"]
-    _check_dtypes(qi, others)
+    (check_dtypes or _check_dtypes)(qi, others)
     _check_shapes(qi, ki, vi, oi)
     batch, seqlen_q, nheads, headdim = qi.shape
     _check_headdim(headdim)

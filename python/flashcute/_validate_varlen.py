@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ._dropout import check_dropout_p
 from ._validate import (
@@ -171,11 +171,12 @@ def varlen_problem(
     max_seqlen_k: Any, out: Any = None, *, seqused_k: Any = None, causal: Any = False,
     softmax_scale: Any = None, backend: Any = None, window: Any = (-1, -1), softcap: Any = 0.0,
     alibi_slopes: Any = None, dropout_p: Any = 0.0, dropout_rng_state: Any = None,
-    backward: bool = False,
+    backward: bool = False, check_dtypes: Optional[Callable[[_Info, list[_Info]], None]] = None,
 ) -> tuple[VarlenProblem, list[_Info]]:
     """``validate_varlen`` without its last check (devices): the problem and the tensors'
     infos, q's first, for callers that add tensors before checking devices. ``backward``: a v
-    head dim of its own needs a backward kernel."""
+    head dim of its own needs a backward kernel. ``check_dtypes(q, others)``: the dtype check
+    (default: float16 or bfloat16, all alike; FP8 calls pass their own)."""
     max_q, max_k = check_varlen_scalars(
         max_seqlen_q, max_seqlen_k, causal, softmax_scale, backend, window, softcap
     )
@@ -188,7 +189,7 @@ def varlen_problem(
         _check_packed(info)
     qi, ki, vi, oi = infos["q"], infos["k"], infos["v"], infos.get("out")
     others = [info for name, info in infos.items() if name != "q"]
-    _check_dtypes(qi, others)
+    (check_dtypes or _check_dtypes)(qi, others)
     _check_shapes(qi, ki, vi, oi)
     total_q, nheads, headdim = qi.shape
     _check_headdim(headdim)

@@ -19,6 +19,7 @@ from ._validate import (
     validate_forward,
 )
 from ._validate_varlen import VarlenProblem
+from .fp8 import attention_fp8, is_fp8_call
 
 
 def _is_torch_type(x: Any) -> bool:
@@ -134,11 +135,16 @@ def attention(
     out: Any = None,
     backend: Optional[str] = None,
     deterministic: bool = False,
+    q_descale: Any = None,
+    k_descale: Any = None,
+    v_descale: Any = None,
+    dtype: Optional[str] = None,
 ) -> Any:
     """Exact softmax attention, ``softmax(scale * q @ k^T) @ v``, in one fused kernel.
 
     Args:
-        q: (batch, seqlen_q, nheads, headdim), float16 or bfloat16, on a CUDA device.
+        q: (batch, seqlen_q, nheads, headdim), float16, bfloat16 or float8_e4m3fn (FP8, see
+            below), on a CUDA device.
         k, v: (batch, seqlen_k, nheads_kv, headdim), q's dtype and device (v's head dim may
             differ where a head dim pair kernel runs it: see the README). Grouped-query /
             multi-query attention: nheads must be a multiple of nheads_kv; query head ``h``
@@ -183,6 +189,21 @@ def attention(
         deterministic: differentiate this call with the bitwise reproducible backward (torch
             autograd; ``torch.use_deterministic_algorithms(True)`` does the same for every
             call). The forward is always reproducible.
+        q_descale, k_descale, v_descale: FP8 only: float32 descales on q's device (None: 1.0);
+            an element's value is its e4m3 value times its descale. Per head: q (batch,
+            nheads) or (batch, nheads_kv) (FlashAttention-3's convention), k and v (batch,
+            nheads_kv). Per block of ``flashcute.FP8_BLOCK`` (128) rows: q (batch, nheads or
+            nheads_kv, ceil(seqlen_q / 128)), k and v (batch, nheads_kv, ceil(seqlen_k / 128));
+            any block descale needs all three. ``flashcute.quantize_fp8`` makes both kinds.
+            The values are not checked (that would cost a sync).
+        dtype: None, or "float8_e4m3fn" to read uint8 q, k and v as e4m3 bytes (frameworks
+            that cannot export float8 through DLPack).
+
+    FP8 (float8_e4m3fn q, k and v): the Hopper path's forward (sm90; head dims up to 256 run on
+    the 64, 128 and 256 kernels) with in-kernel V transpose; P is quantized to e4m3 in the
+    kernel. The output is bfloat16, or float16 into a float16 ``out``. Causal, window,
+    softcap, ALiBi, GQA/MQA and ``return_lse`` work; dropout does not, and there is no
+    backward: autograd and ``deterministic=True`` raise NotImplementedError.
 
     Any strides work as long as the headdim dimension has unit stride and the others are
     positive, so ``x.transpose(1, 2)`` of a (batch, nheads, seqlen, headdim) tensor needs no
@@ -223,6 +244,16 @@ def attention(
         ImportError: the compiled extension is missing.
     """
     window, softcap = _check_front_door_flags(return_lse, deterministic, window, softcap)
+    if is_fp8_call(q, k, v, dtype):
+        return attention_fp8(
+            q, k, v, causal=causal, softmax_scale=softmax_scale, window=window, softcap=softcap,
+            alibi_slopes=alibi_slopes, dropout_p=dropout_p, return_lse=return_lse, out=out,
+            backend=backend, deterministic=deterministic, q_descale=q_descale,
+            k_descale=k_descale, v_descale=v_descale, dtype=dtype,
+        )
+    for name, x in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if x is not None:
+            raise TypeError(f"{name}: only float8_e4m3fn inputs take descales")
     if _torch_tensors(q, k, v) and (out is None or _torch_tensors(out)):
         check_scalars(causal, softmax_scale, backend)
         check_torch_slopes(alibi_slopes, dropout_rng_state)
@@ -354,11 +385,13 @@ def _launch(
     sizes: tuple[int, ...] = (),
     dropout: Dropout = NO_DROPOUT,
     dropout_rng_state: Any = None,
+    extra: Optional[dict[str, Any]] = None,
 ) -> None:
     """Run the kernel on the allocating framework's current stream. ``tensors`` are the
     exported q, k, v, out, lse and ALiBi slopes (None: not asked for, or absent), then for a
     variable-length call the offsets and seqused_k, whose max_seqlen pair is ``sizes``;
-    ``dropout_rng_state`` the exported rng state (None: none)."""
+    ``dropout_rng_state`` the exported rng state (None: none); ``extra``: more keywords of
+    the extension's forward (FP8's descales)."""
     sync = alloc is not None and alloc.synchronize_after
     if sync:
         if not hasattr(ext, "synchronize"):
@@ -366,7 +399,7 @@ def _launch(
                 "flashcute: this build of flashcute._C has no synchronize(), which jax "
                 "arrays need; reinstall the package with `pip install .`"
             )
-        for x in (*tensors, dropout_rng_state):
+        for x in (*tensors, dropout_rng_state, *(extra or {}).values()):
             adapter = framework_of(x) if x is not None else None
             if adapter is not None:
                 adapter.prepare(x)
@@ -379,6 +412,6 @@ def _launch(
     ext.forward(q, k, v, out, lse, problem.scale, causal, backend_code, stream,
                 launchable(workspace) if workspace is not None else None,
                 problem.window_left, problem.window_right, problem.softcap, slopes, *seq, *sizes,
-                **launch_kwargs(ext, dropout, state))
+                **launch_kwargs(ext, dropout, state), **(extra or {}))
     if sync:
         ext.synchronize(stream, problem.device_id)

@@ -31,6 +31,7 @@ from .attention import (
 )
 from .backward import _gradient_allocator, _gradients
 from .backward import _launch as _launch_backward
+from .fp8 import attention_varlen_fp8, is_fp8_call
 
 
 def varlen_extension() -> Any:
@@ -95,6 +96,10 @@ def attention_varlen(
     out: Any = None,
     backend: Optional[str] = None,
     deterministic: bool = False,
+    q_descale: Any = None,
+    k_descale: Any = None,
+    v_descale: Any = None,
+    dtype: Optional[str] = None,
 ) -> Any:
     """``flashcute.attention`` over a batch of packed sequences of different lengths.
 
@@ -131,6 +136,9 @@ def attention_varlen(
         backend: None (choose by GPU), "ampere" or "hopper".
         deterministic: differentiate this call with the bitwise reproducible backward (torch
             autograd), as in ``flashcute.attention``.
+        q_descale, k_descale, v_descale, dtype: FP8 (float8_e4m3fn q, k and v), as in
+            ``flashcute.attention``, with per-head descales only: (num_sequences, nheads or
+            nheads_kv) for q, (num_sequences, nheads_kv) for k and v.
 
     The offsets are read only by the kernels, which clamp them into the tensors: values that
     break the rules above give unspecified results but never touch memory outside the
@@ -155,6 +163,17 @@ def attention_varlen(
     window, softcap = _check_front_door_flags(return_lse, deterministic, window, softcap)
     max_seqlen_q = check_max_seqlen("max_seqlen_q", max_seqlen_q)
     max_seqlen_k = check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    if is_fp8_call(q, k, v, dtype):
+        return attention_varlen_fp8(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=seqused_k,
+            causal=causal, softmax_scale=softmax_scale, window=window, softcap=softcap,
+            alibi_slopes=alibi_slopes, dropout_p=dropout_p, return_lse=return_lse, out=out,
+            backend=backend, deterministic=deterministic, q_descale=q_descale, k_descale=k_descale,
+            v_descale=v_descale, dtype=dtype,
+        )
+    for name, x in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if x is not None:
+            raise TypeError(f"{name}: only float8_e4m3fn inputs take descales")
     if _torch_call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, out):
         check_scalars(causal, softmax_scale, backend)
         check_torch_slopes(alibi_slopes, dropout_rng_state)

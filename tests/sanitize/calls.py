@@ -3,7 +3,9 @@
     python tests/sanitize/calls.py FAMILY [--forward-from PATH]
 
 FAMILY is one of ampere-fwd, hopper-fwd, ampere-bwd, ampere-bwd-deterministic, hopper-bwd,
-kvcache (``attention_with_kvcache`` and ``merge_attention_states``: kvcache_calls.py).
+kvcache (``attention_with_kvcache`` and ``merge_attention_states``: kvcache_calls.py),
+hopper-fp8 (float8_e4m3fn inputs: the shapes and masks below without dropout, per-head and block
+descales, head dims 64, 128, 256 and 80, and the variable-length corpus with per-head descales).
 The backward families take out and lse from a forward on the given path (``--forward-from``,
 default: the same path), so that a report can be told apart from the forward's own writes.
 Shapes: bf16 and fp16, head dims 64 and 128 and, on the next larger kernels (which read and
@@ -28,7 +30,7 @@ import torch
 import flashcute
 
 FAMILIES = ("ampere-fwd", "hopper-fwd", "ampere-bwd", "ampere-bwd-deterministic", "hopper-bwd",
-            "kvcache")
+            "kvcache", "hopper-fp8")
 SHAPES = ((1, 129, 129), (2, 333, 129), (1, 65, 333))  # (batch, seqlen_q, seqlen_k)
 # Dense, both mask features, both with ALiBi (its slopes are made per call), dropout with a
 # seed and offset, and dropout beside the mask features with a rng state on the device (made
@@ -198,12 +200,54 @@ def _varlen_calls(family: str, forward_from: str | None, path: str, built: dict,
     return count
 
 
+def _fp8_calls(gen: torch.Generator) -> int:
+    """FP8 calls (family hopper-fp8): fixed lengths with no, per-head and block descales, then
+    the variable-length corpus."""
+    dims = flashcute.build_info()["backends"]["hopper"].get("fp8_head_dims", [])
+    count = 0
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+
+    def descales(batch: int, heads: int, rows: int, mode: str) -> torch.Tensor | None:
+        if mode == "none":
+            return None
+        shape = (batch, heads) if mode == "head" else (batch, heads, -(-rows // flashcute.FP8_BLOCK))
+        return torch.rand(*shape, device="cuda", generator=gen) + 0.5
+
+    for headdim in (64, 128, 256, 80):  # 80 on the next kernel (8-bit rows: 16-byte multiples)
+        if not any(d >= headdim for d in dims):
+            continue
+        for batch, seqlen_q, seqlen_k in SHAPES:
+            for i, mask in enumerate(m for m in MASKS if "dropout_p" not in m):
+                for causal in (False, True):
+                    mode = ("none", "head", "block")[(i + int(causal)) % 3]
+                    q, k, v = rand(batch, seqlen_q, 4, headdim), rand(batch, seqlen_k, 2, headdim), rand(batch, seqlen_k, 2, headdim)
+                    flashcute.attention(q, k, v, causal=causal, return_lse=True,
+                                        q_descale=descales(batch, 4, seqlen_q, mode),
+                                        k_descale=descales(batch, 2, seqlen_k, mode),
+                                        v_descale=descales(batch, 2, seqlen_k, mode), **_features(mask, batch, gen))
+                    count += 1
+    if dims:
+        for i, (cu_q, cu_k, used, max_q, max_k) in enumerate(varlen_corpus()):
+            q, k, v = rand(VARLEN_TOTAL_Q, 4, 128), rand(VARLEN_TOTAL_K, 2, 128), rand(VARLEN_TOTAL_K, 2, 128)
+            offsets = [torch.tensor(x, dtype=torch.int32, device="cuda") for x in (cu_q, cu_k)]
+            seqused_k = None if used is None else torch.tensor(used, dtype=torch.int32, device="cuda")
+            batch = len(cu_q) - 1
+            flashcute.attention_varlen(q, k, v, *offsets, max_q, max_k, seqused_k=seqused_k, causal=bool(i % 2),
+                                       return_lse=True, q_descale=descales(batch, 4, 0, "head"),
+                                       k_descale=descales(batch, 2, 0, "head"), v_descale=descales(batch, 2, 0, "head"))
+            count += 1
+    return count
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("family", choices=FAMILIES)
     parser.add_argument("--forward-from", choices=("ampere", "hopper"), default=None)
     args = parser.parse_args()
-    n = _calls(args.family, args.forward_from)
+    n = _fp8_calls(torch.Generator(device="cuda").manual_seed(0)) if args.family == "hopper-fp8" \
+        else _calls(args.family, args.forward_from)
     print(f"{args.family}: {n} calls")
     if n == 0:
         raise SystemExit(f"{args.family}: this build or GPU has no kernel of this family")

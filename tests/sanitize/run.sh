@@ -2,7 +2,8 @@
 # compute-sanitizer's four tools over small calls of each kernel family (calls.py): any
 # reported error fails the run. Usage, on a GPU machine with flashcute installed:
 #   bash tests/sanitize/run.sh [FAMILY ...]     # default: every family this GPU runs
-# (kvcache: the KV-cache and merge corpus of kvcache_calls.py, fuzzed page tables and lengths)
+# (kvcache: the KV-cache and merge corpus of kvcache_calls.py, fuzzed page tables and lengths;
+# hopper-fp8: FP8 calls with descales, and the variable-length corpus)
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 families=("$@")
@@ -13,6 +14,7 @@ b = flashcute.build_info()["backends"]
 f = ["ampere-fwd", "ampere-bwd", "ampere-bwd-deterministic"]
 if c.device_capability(0) == 90:
     f += ["hopper-fwd"] * bool(b["hopper"]["head_dims"]) + ["hopper-bwd"] * bool(b["hopper"]["backward_head_dims"])
+    f += ["hopper-fp8"] * bool(b["hopper"].get("fp8_head_dims"))
 f += ["kvcache"] * hasattr(c, "kvcache_forward")
 print(" ".join(f))')
 fi

@@ -17,7 +17,12 @@
 
 namespace flashcute {
 
-enum class DType : int32_t { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2 /* merge_attention_states only */ };
+enum class DType : int32_t {
+  kFloat16 = 0,
+  kBFloat16 = 1,
+  kFloat32 = 2,     // merge_attention_states only
+  kFloat8E4M3 = 3,  // e4m3fn (FP8) q, k and v of attention_forward, on the Hopper path
+};
 
 // Which kernel family runs the call. kAuto picks by the device's compute capability.
 enum class Backend : int32_t { kAuto = 0, kAmpere = 1, kHopper = 2 };
@@ -42,7 +47,7 @@ struct AttentionForwardParams {
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
-  void* out = nullptr;   // same dtype as q
+  void* out = nullptr;   // same dtype as q (FP8: out_dtype below)
   float* lse = nullptr;  // optional: (batch, nheads, seqlen_q) float32, natural log
   // Optional device workspace, 16-byte aligned, of attention_forward_workspace_size() bytes
   // (often 0). With it the Hopper path may run its last wave of query tiles split over all
@@ -113,7 +118,26 @@ struct AttentionForwardParams {
   DType dtype = DType::kFloat16;
   int device = -1;            // CUDA device of the pointers; -1: the current device
   cudaStream_t stream = nullptr;
+  // FP8 (dtype kFloat8E4M3; otherwise these must stay null): float32 descales, device memory on
+  // `device`, 4-byte aligned; an element's value is its e4m3 value times its descale; null: 1.
+  // Per head: q_descale[b · q_descale_batch_stride + h · q_descale_head_stride] for query head h
+  // (q_descale_per_kv_head: for K/V head h / (nheads / nheads_kv), FlashAttention-3's
+  // convention), k_descale and v_descale likewise for K/V head h. Per block: a non-zero block
+  // stride adds (row / kFp8DescaleBlock) · block_stride for query or key row `row` (in its
+  // sequence). Variable-length batches take per-head descales, b the sequence. The values are
+  // not read on the host.
+  const float* q_descale = nullptr;
+  const float* k_descale = nullptr;
+  const float* v_descale = nullptr;
+  int64_t q_descale_batch_stride = 0, q_descale_head_stride = 0, q_descale_block_stride = 0;
+  int64_t k_descale_batch_stride = 0, k_descale_head_stride = 0, k_descale_block_stride = 0;
+  int64_t v_descale_batch_stride = 0, v_descale_head_stride = 0, v_descale_block_stride = 0;
+  bool q_descale_per_kv_head = false;
+  DType out_dtype = DType::kBFloat16;  // FP8 calls: out's dtype, kBFloat16 or kFloat16
 };
+
+// Rows per block of FP8 block descales (queries and keys alike, every head dim).
+constexpr int64_t kFp8DescaleBlock = 128;
 
 // Bytes of the optional forward workspace for these sizes, dtype, mask, ALiBi and backend on
 // params.device (pointers are not read; a non-null alibi_slopes only says that ALiBi is on):
@@ -317,7 +341,43 @@ struct BuildInfo {
   int cuda_runtime_version;       // CUDART_VERSION the library was built against
   const char* hopper_backward_head_dims;  // Hopper-path backward; other head dims use the Ampere one
   const char* hopper_dv_pairs;  // Hopper-path (head dim, V head dim) pairs, e.g. "192,128", ';'-separated
+  const char* hopper_fp8_head_dims;  // Hopper-path FP8 (e4m3) forward head dims, e.g. "64;128;256"
 };
 FLASHCUTE_API BuildInfo build_info();
+
+// FP8 (e4m3fn) quantization of x (batch, seqlen, nheads, headdim), unit headdim stride, float16,
+// bfloat16 or float32, headdim a multiple of 8 up to 256, for FP8 attention inputs:
+// out = x / descale rounded to nearest even and saturated at ±448, true value = out · descale.
+// descale = amax / 448 of each group, 1 for a group of zeros: per head (batch, nheads), the
+// amax over seqlen × headdim, or with `block` (batch, nheads, ceil(seqlen / 128)), the amax over
+// each block of 128 rows × headdim. With `hadamard` (head dims 64, 128 and 256), x's rows are
+// first rotated: y = (x · signs) H / sqrt(headdim), H the Sylvester Hadamard matrix and the
+// signs ±1 keyed by `seed` (the same seed for Q and K keeps Q Kᵀ); amax and out are then y's.
+// NaNs of x do not enter amax and stay NaN in out.
+struct QuantizeFp8Params {
+  const void* x = nullptr;  // 16-byte aligned rows (strides multiples of 16 bytes)
+  DType dtype = DType::kFloat16;
+  void* out = nullptr;        // contiguous (batch, seqlen, nheads, headdim) e4m3fn bytes, 16-byte aligned
+  float* descale = nullptr;   // contiguous float32, of the shape above
+  int64_t batch = 0, seqlen = 0, nheads = 0, headdim = 0;
+  int64_t x_batch_stride = 0, x_row_stride = 0, x_head_stride = 0;  // in elements
+  bool block = false;
+  bool hadamard = false;
+  uint64_t seed = 0;
+  // Per-head scales only: quantize_fp8_workspace_size() bytes of device memory, 4-byte aligned;
+  // the call zeroes it on the stream (cross-CTA maxima and arrival counts) and may reuse it once
+  // the call's work has finished.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  int device = -1;
+  cudaStream_t stream = nullptr;
+};
+
+// Bytes of workspace quantize_fp8 needs: 8 per (batch, head) with per-head scales, else 0.
+FLASHCUTE_API size_t quantize_fp8_workspace_size(int64_t batch, int64_t nheads, bool block);
+
+// Quantizes x into out and descale. A call with no rows (batch, seqlen or nheads 0) launches
+// nothing and writes nothing (per-head scales of empty heads would be 1).
+FLASHCUTE_API Status quantize_fp8(const QuantizeFp8Params& params);
 
 }  // namespace flashcute
