@@ -34,9 +34,10 @@
 #include <cstring>
 #include <utility>
 
+#include "kernel_params.h"  // kFp8Block: rows per tile, and per scale with block scales
+
 namespace flashcute {
 
-constexpr int kFp8Block = 128;  // rows per tile, and per scale with block scales
 constexpr float kE4m3Max = 448.f;
 
 enum class Fp8Walk { kBlock, kHeld, kReread };

@@ -16,7 +16,9 @@ from ._validate import _Info, _fmt
 FP8_DTYPE = "float8_e4m3fn"
 #: Output dtypes of FP8 calls; the first is the default.
 FP8_OUT_DTYPES = ("bfloat16", "float16")
-#: Rows (queries or keys) per block of block descales, for every head dim.
+#: Rows (queries or keys) per block of block descales (attention's and ``quantize_fp8``'s),
+#: for every head dim: the kernels' too (cpp/kernel_params.h, cpp/quantize_fp8.h), and
+#: ``reference_fp8.FP8_BLOCK``, which stays numpy-only.
 FP8_BLOCK = 128
 
 

@@ -14,13 +14,10 @@ from typing import TYPE_CHECKING, Any
 from ._build_info import load_extension
 from ._frameworks import TorchFramework
 from ._validate import type_name
+from ._validate_fp8 import FP8_BLOCK
 
 if TYPE_CHECKING:
     import torch
-
-#: Rows per block of block-wise scales (``block=True``), for every head dim; the same as
-#: ``reference_fp8.FP8_BLOCK`` and the kernel's (cpp/quantize_fp8.h).
-FP8_BLOCK = 128
 
 _DTYPES = ("float16", "bfloat16")
 _HADAMARD_HEAD_DIMS = (64, 128, 256)
