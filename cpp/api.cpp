@@ -708,6 +708,7 @@ Status check_kvcache(const AttentionForwardParams& given, const KVCacheParams& c
 // Everything a KV-cache call launches: its forward's params (packing and splits applied), its
 // launcher and the split workspace's layout.
 struct KvCacheRun {
+  int capability = 0;
   FwdKernelParams kernel{};
   FwdLauncher launch = nullptr;
   SplitKvLayout split;
@@ -716,6 +717,7 @@ struct KvCacheRun {
 Status plan_kvcache(const AttentionForwardParams& p, const KVCacheParams& c, Backend backend, KvCacheRun* run) {
   int capability = 0;
   if (Status s = device_capability(p.device, &capability); !s.ok()) return s;
+  run->capability = capability;
   KernelQuery query = query_of(p);
   query.kv_cache = true;
   query.paged_kv = c.page_table != nullptr;
@@ -851,7 +853,8 @@ Status attention_with_kvcache(const AttentionForwardParams& given, const KVCache
   m.heads = static_cast<int>(p.nheads);
   m.headdim = static_cast<int>(v_headdim(p));
   return launch_merge_states(m, MergeElement::kFloat32,
-                             p.dtype == DType::kBFloat16 ? MergeElement::kBFloat16 : MergeElement::kFloat16, p.stream);
+                             p.dtype == DType::kBFloat16 ? MergeElement::kBFloat16 : MergeElement::kFloat16,
+                             /*after_producer=*/run.capability >= 90, p.stream);
 }
 
 Status merge_attention_states(const MergeAttentionStatesParams& p) {
@@ -904,7 +907,7 @@ Status merge_attention_states(const MergeAttentionStatesParams& p) {
                                                        : MergeElement::kFloat16;
   DeviceGuard guard(p.device);
   if (!guard.status().ok()) return guard.status();
-  return launch_merge_states(m, e, e, p.stream);
+  return launch_merge_states(m, e, e, /*after_producer=*/false, p.stream);
 }
 
 BuildInfo build_info() {

@@ -28,9 +28,11 @@ struct KvRows {
   }
   CUTE_DEVICE bool paged() const { return page_table != nullptr; }
 
-  // The page holding key row `row` (paged; row below the sequence's clamped length).
-  CUTE_DEVICE int page_of(int row) const {
-    return cute::min(cute::max(page_table[page_size.quotient(row)], 0), num_pages - 1);
+  // The table's entry for key row `row` (paged; row below the sequence's clamped length), not yet
+  // clamped: the clamp waits for the load, so it belongs where the page is used (page_in_range).
+  CUTE_DEVICE int table_entry(int row) const { return page_table[page_size.quotient(row)]; }
+  CUTE_DEVICE static int page_in_range(int entry, int num_pages) {
+    return cute::min(cute::max(entry, 0), num_pages - 1);
   }
   CUTE_DEVICE int row_in_page(int row) const { return row - page_size.quotient(row) * page_size.divisor; }
   // Offset in elements of row `in_page` of page `page` from the cache's start (the head's offset

@@ -1,5 +1,7 @@
 // The merge kernel (merge_states.h): one warp per (batch, row, head); lanes split the states for
 // the LSE and the head dim for the output. Instantiated per (input, output) element type.
+// After split-KV it is launched as the split kernel's programmatic dependent (sm90): its launch
+// overlaps the split kernel's last CTAs instead of following the grid's end.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -25,6 +27,10 @@ constexpr int kWarpsPerBlock = 4;
 
 template <class In, class Out>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) merge_states_kernel(const MergeStatesParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched as the split kernel's programmatic dependent: its parts are complete from here on.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
   const int lane = threadIdx.x % 32;
   const int64_t item = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (item >= int64_t(p.batch) * p.seqlen * p.heads) return;
@@ -32,10 +38,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) merge_states_kernel(const
   const int row = int(item / p.heads % p.seqlen);
   const int batch = int(item / p.heads / p.seqlen);
 
+  // A state's LSE, -inf for an empty state (NaN included) and for indices past the last state.
   auto lse_at = [&](int s) {
+    if (s >= p.states) return -INFINITY;
     const StateView& v = p.source[p.sources == 1 ? 0 : s];
     const int64_t state = p.sources == 1 ? s * p.lse_state_stride : 0;
-    return v.lse[state + batch * v.lse_batch_stride + head * v.lse_head_stride + row * v.lse_row_stride];
+    const float x = v.lse[state + batch * v.lse_batch_stride + head * v.lse_head_stride + row * v.lse_row_stride];
+    return x > -INFINITY ? x : -INFINITY;
   };
   auto o_at = [&](int s) {
     const StateView& v = p.source[p.sources == 1 ? 0 : s];
@@ -44,35 +53,54 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) merge_states_kernel(const
            head * v.o_head_stride;
   };
 
-  float max_lse = -INFINITY;
-  for (int s = lane; s < p.states; s += 32) max_lse = fmaxf(max_lse, lse_at(s));
+  // Lane l holds state l's LSE (split-KV has up to 32 states in the common case); more states
+  // are read again per 32.
+  const float lse_first = lse_at(lane);
+  float max_lse = lse_first;
+  for (int s = 32 + lane; s < p.states; s += 32) max_lse = fmaxf(max_lse, lse_at(s));
   for (int d = 16; d > 0; d /= 2) max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, d));
   float sum = 0.f;
-  if (max_lse != -INFINITY)
-    for (int s = lane; s < p.states; s += 32) {
-      const float state_lse = lse_at(s);
-      if (state_lse > -INFINITY) sum += expf(state_lse - max_lse);  // NaN: no state, as -inf
+  if (max_lse != -INFINITY) {
+    sum = lse_first > -INFINITY ? expf(lse_first - max_lse) : 0.f;
+    for (int s = 32 + lane; s < p.states; s += 32) {
+      const float x = lse_at(s);
+      if (x > -INFINITY) sum += expf(x - max_lse);
     }
+  }
   for (int d = 16; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
   const float lse = max_lse == -INFINITY ? -INFINITY : max_lse + logf(sum);
 
   Out* out = static_cast<Out*>(p.out.o) + batch * p.out.o_batch_stride + row * p.out.o_row_stride +
              head * p.out.o_head_stride;
-  // Up to 8 columns per lane in registers (head dims to 256), states visited once.
+  // Up to 8 columns per lane in registers (head dims to 256). States go kBatch at a time, their
+  // loads issued before any is summed: one after another they cost a memory latency each.
   constexpr int kCols = 8;
+  constexpr int kBatch = 4;
   float acc[kCols];
 #pragma unroll
   for (int j = 0; j < kCols; ++j) acc[j] = 0.f;
   if (lse != -INFINITY) {
-    for (int s = 0; s < p.states; ++s) {
-      const float weight_log = lse_at(s) - lse;
-      if (!(weight_log > -INFINITY)) continue;  // an empty state (or NaN lse): nothing to add
-      const float weight = expf(weight_log);
-      const In* o = o_at(s);
+    for (int s0 = 0; s0 < p.states; s0 += 32) {
+      const float state_lse = s0 == 0 ? lse_first : lse_at(s0 + lane);
+      // 0 for an empty state: its O is not read, so garbage there cannot poison the sum.
+      const float lane_weight = state_lse > -INFINITY ? expf(state_lse - lse) : 0.f;
+      const int in_chunk = min(32, p.states - s0);
+      for (int j0 = 0; j0 < in_chunk; j0 += kBatch) {
+        float weight[kBatch], value[kBatch][kCols];
 #pragma unroll
-      for (int j = 0; j < kCols; ++j) {
-        const int col = lane + 32 * j;
-        if (col < p.headdim) acc[j] += weight * to_float(o[col]);
+        for (int u = 0; u < kBatch; ++u) {
+          weight[u] = __shfl_sync(0xffffffffu, lane_weight, (j0 + u) % 32);  // 0 past the last state
+          const In* o = weight[u] != 0.f ? o_at(s0 + j0 + u) : nullptr;
+#pragma unroll
+          for (int j = 0; j < kCols; ++j) {
+            const int col = lane + 32 * j;
+            value[u][j] = o != nullptr && col < p.headdim ? to_float(o[col]) : 0.f;
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u)
+#pragma unroll
+          for (int j = 0; j < kCols; ++j) acc[j] += weight[u] * value[u][j];
       }
     }
   }
@@ -86,25 +114,34 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) merge_states_kernel(const
 }
 
 template <class In, class Out>
-Status launch(const MergeStatesParams& p, cudaStream_t stream) {
+Status launch(const MergeStatesParams& p, bool after_producer, cudaStream_t stream) {
   const int64_t items = int64_t(p.batch) * p.seqlen * p.heads;
   if (items == 0) return Status{};
   const int64_t blocks = (items + kWarpsPerBlock - 1) / kWarpsPerBlock;
   if (blocks > 0x7fffffff) return make_status(StatusCode::kNotSupported, "merge: too many rows (%lld)", (long long)items);
-  merge_states_kernel<In, Out><<<unsigned(blocks), kWarpsPerBlock * 32, 0, stream>>>(p);
-  return cuda_status(cudaGetLastError(), "merge_states launch");
+  cudaLaunchAttribute overlap{};
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = after_producer ? 1 : 0;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(blocks));
+  config.blockDim = dim3(kWarpsPerBlock * 32);
+  config.stream = stream;
+  config.attrs = &overlap;
+  config.numAttrs = 1;
+  return cuda_status(cudaLaunchKernelEx(&config, merge_states_kernel<In, Out>, p), "merge_states launch");
 }
 
 }  // namespace
 
-Status launch_merge_states(const MergeStatesParams& p, MergeElement in, MergeElement out, cudaStream_t stream) {
+Status launch_merge_states(const MergeStatesParams& p, MergeElement in, MergeElement out, bool after_producer,
+                          cudaStream_t stream) {
   if (p.headdim > 256 || p.headdim < 0) return make_status(StatusCode::kNotSupported, "merge: head dim %d above 256", p.headdim);
   using E = MergeElement;
-  if (in == E::kFloat32 && out == E::kFloat16) return launch<float, __half>(p, stream);
-  if (in == E::kFloat32 && out == E::kBFloat16) return launch<float, __nv_bfloat16>(p, stream);
-  if (in == E::kFloat32 && out == E::kFloat32) return launch<float, float>(p, stream);
-  if (in == E::kFloat16 && out == E::kFloat16) return launch<__half, __half>(p, stream);
-  if (in == E::kBFloat16 && out == E::kBFloat16) return launch<__nv_bfloat16, __nv_bfloat16>(p, stream);
+  if (in == E::kFloat32 && out == E::kFloat16) return launch<float, __half>(p, after_producer, stream);
+  if (in == E::kFloat32 && out == E::kBFloat16) return launch<float, __nv_bfloat16>(p, after_producer, stream);
+  if (in == E::kFloat32 && out == E::kFloat32) return launch<float, float>(p, after_producer, stream);
+  if (in == E::kFloat16 && out == E::kFloat16) return launch<__half, __half>(p, after_producer, stream);
+  if (in == E::kBFloat16 && out == E::kBFloat16) return launch<__nv_bfloat16, __nv_bfloat16>(p, after_producer, stream);
   return make_status(StatusCode::kNotSupported, "merge: no kernel for these element types");
 }
 

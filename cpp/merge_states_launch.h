@@ -10,6 +10,9 @@ namespace flashcute {
 
 enum class MergeElement { kFloat16, kBFloat16, kFloat32 };
 
-Status launch_merge_states(const MergeStatesParams& p, MergeElement in, MergeElement out, cudaStream_t stream);
+// `after_producer`: launched as the programmatic dependent of the stream's previous kernel, which
+// it waits for in the kernel (sm90 and newer; other devices take a plain launch).
+Status launch_merge_states(const MergeStatesParams& p, MergeElement in, MergeElement out, bool after_producer,
+                           cudaStream_t stream);
 
 }  // namespace flashcute

@@ -157,7 +157,8 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
   Tensor cKV = gmem_thr_copy.partition_S(make_identity_tensor(TileKV{}));
 
   // A paged cache: the page ids of this thread's rows of the next block to load (kv_rows.h), read
-  // one block ahead. The page table is re-read from the parameters where used: kept in registers
+  // one block ahead and clamped only when used, so that no warp waits for them before its MMAs
+  // (clamped at the read, every warp stalled on the table's latency once per block). The page table is re-read from the parameters where used: kept in registers
   // through the key loop, it cost the dense path occupancy (hd 64: 3 -> 2 CTAs per SM).
   constexpr int kRowSlots = decltype(size<1>(cKV))::value;
   int pages[kRowSlots];
@@ -165,7 +166,7 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
     CUTE_UNROLL
     for (int m = 0; m < kRowSlots; ++m) {
       const int key = n * kBlockN + get<0>(cKV(0, m, 0));
-      pages[m] = key < seqlen_k ? KvRows::of(params, batch).page_of(key) : 0;
+      pages[m] = key < seqlen_k ? KvRows::of(params, batch).table_entry(key) : 0;
     }
   };
 
@@ -195,7 +196,10 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
       if constexpr (decltype(may_be_partial)::value) read_pages(n);  // the first block; later ones were read ahead
       int in_page[kRowSlots];  // K and V share their rows' places
       CUTE_UNROLL
-      for (int m = 0; m < kRowSlots; ++m) in_page[m] = KvRows::of(params, batch).row_in_page(key0 + get<0>(cKV(0, m, 0)));
+      for (int m = 0; m < kRowSlots; ++m) {
+        in_page[m] = KvRows::of(params, batch).row_in_page(key0 + get<0>(cKV(0, m, 0)));
+        pages[m] = KvRows::page_in_range(pages[m], params.num_pages);
+      }
       auto k_row = [&](int, int m) { return KvRows::offset(pages[m], in_page[m], params.k_batch_stride, params.k_row_stride); };
       auto v_row = [&](int, int m) { return KvRows::offset(pages[m], in_page[m], params.v_batch_stride, params.v_row_stride); };
       if (decltype(may_be_partial)::value && valid < kBlockN) {  // only the first block loaded
@@ -368,6 +372,10 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
   float lse[kRows];
   softmax.finalize(acc_o_rc, lse, params.dropout_rescale);  // 1 without dropout
   if (split_kv.splits > 1) {  // uniform: this split's part, in fp32 for merge_states.h
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // The merge may launch once every CTA is here (it waits for the parts in its kernel).
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
     store_split_part<TileQ>(params, acc_o_rc, lse, thr_mma, packed, seq, batch, head, split, row0, seqlen_q);
     return;
   }
