@@ -16,6 +16,11 @@
 
 namespace flashcute {
 
+// Where one key row lies in k and in v: element offsets from the head's column of the cache.
+struct KvRowOffsets {
+  uint64_t k, v;
+};
+
 struct KvRows {
   const int* page_table;  // this sequence's row of the table; null: batched k/v
   PageDivisor page_size;
@@ -40,6 +45,14 @@ struct KvRows {
   // keeps page_stride and page_size · row_stride below 2^32: one 32-bit multiply and one wide one.
   CUTE_DEVICE static uint64_t offset(int page, int in_page, int64_t page_stride, int64_t row_stride) {
     return uint64_t(uint32_t(page)) * uint32_t(page_stride) + uint32_t(in_page) * uint32_t(row_stride);
+  }
+  // Key row `row`'s offsets, from its table entry (table_entry, read earlier).
+  template <class KernelParams>
+  CUTE_DEVICE KvRowOffsets offsets(int entry, int row, KernelParams const& p) const {
+    const int page = page_in_range(entry, num_pages);
+    const int in_page = row_in_page(row);
+    return KvRowOffsets{offset(page, in_page, p.k_batch_stride, p.k_row_stride),
+                        offset(page, in_page, p.v_batch_stride, p.v_row_stride)};
   }
 };
 

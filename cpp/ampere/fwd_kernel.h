@@ -156,18 +156,20 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
   Tensor cQ = gmem_thr_copy.partition_S(make_identity_tensor(TileQ{}));
   Tensor cKV = gmem_thr_copy.partition_S(make_identity_tensor(TileKV{}));
 
-  // A paged cache: the page ids of this thread's rows of the next block to load (kv_rows.h), read
-  // one block ahead and clamped only when used, so that no warp waits for them before its MMAs
-  // (clamped at the read, every warp stalled on the table's latency once per block). The page table is re-read from the parameters where used: kept in registers
-  // through the key loop, it cost the dense path occupancy (hd 64: 3 -> 2 CTAs per SM).
-  constexpr int kRowSlots = decltype(size<1>(cKV))::value;
-  int pages[kRowSlots];
-  auto read_pages = [&](int n) {
-    CUTE_UNROLL
-    for (int m = 0; m < kRowSlots; ++m) {
-      const int key = n * kBlockN + get<0>(cKV(0, m, 0));
-      pages[m] = key < seqlen_k ? KvRows::of(params, batch).table_entry(key) : 0;
-    }
+  // A paged cache (kv_rows.h): thread t < kBlockN reads the table entry of key row t two blocks
+  // before the block is loaded, and turns it into the row's offsets in the shared row table
+  // before the barrier that precedes the load. Each row's page is read and its offsets computed
+  // once, and the entry's latency passes under two blocks' work (under one, warps still waited).
+  KvRowOffsets* row_table = reinterpret_cast<KvRowOffsets*>(smem_raw + Traits::kTileBytes);
+  int entry_next = 0, entry_after = 0;  // of the next block to load and of the one after it
+  auto read_entry = [&](int n) {
+    const int key = n * kBlockN + tid;
+    return tid < kBlockN && n >= n_begin && key < seqlen_k ? KvRows::of(params, batch).table_entry(key) : 0;
+  };
+  // Block n's offsets (entry: its row's table entry), in the half of the row table of n's parity.
+  auto write_row_offsets = [&](int n, int entry) {
+    if (tid < kBlockN)
+      row_table[(n & 1) * kBlockN + tid] = KvRows::of(params, batch).offsets(entry, n * kBlockN + tid, params);
   };
 
   // Issues the cp.async copies of key block n into a pipeline stage. Only the first block
@@ -192,16 +194,9 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
       auto row_stride0 = make_stride(Int<0>{}, _1{});
       Tensor tKgK0 = gmem_thr_copy.partition_S(make_tensor(make_gmem_ptr(k_base), TileKV{}, row_stride0));
       Tensor tVgV0 = gmem_thr_copy.partition_S(make_tensor(make_gmem_ptr(v_base), TileKV{}, row_stride0));
-      const int key0 = n * kBlockN;
-      if constexpr (decltype(may_be_partial)::value) read_pages(n);  // the first block; later ones were read ahead
-      int in_page[kRowSlots];  // K and V share their rows' places
-      CUTE_UNROLL
-      for (int m = 0; m < kRowSlots; ++m) {
-        in_page[m] = KvRows::of(params, batch).row_in_page(key0 + get<0>(cKV(0, m, 0)));
-        pages[m] = KvRows::page_in_range(pages[m], params.num_pages);
-      }
-      auto k_row = [&](int, int m) { return KvRows::offset(pages[m], in_page[m], params.k_batch_stride, params.k_row_stride); };
-      auto v_row = [&](int, int m) { return KvRows::offset(pages[m], in_page[m], params.v_batch_stride, params.v_row_stride); };
+      const KvRowOffsets* rows = row_table + (n & 1) * kBlockN;
+      auto k_row = [&](int row, int) { return rows[row].k; };
+      auto v_row = [&](int row, int) { return rows[row].v; };
       if (decltype(may_be_partial)::value && valid < kBlockN) {  // only the first block loaded
         gather_tile<true>(gmem_copy, tKgK0, tKsK, cKV, valid, params.headdim, partial_cols, k_row);
         gather_tile<true>(gmem_copy, tVgV0, tVsV, cKV, valid, params.headdim, partial_cols, v_row);
@@ -209,8 +204,8 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
         gather_tile<false>(gmem_copy, tKgK0, tKsK, cKV, valid, params.headdim, partial_cols, k_row);
         gather_tile<false>(gmem_copy, tVgV0, tVsV, cKV, valid, params.headdim, partial_cols, v_row);
       }
-      // The next block's page ids, read now: their latency passes before its loads are issued.
-      if (n - 1 >= n_begin) read_pages(n - 1);
+      entry_next = entry_after;
+      entry_after = read_entry(n - 2);
     } else if (partial_cols) {
       load_tile_cols<decltype(may_be_partial)::value>(gmem_copy, tKgK, tKsK, cKV, valid, params.headdim);
       load_tile_cols<decltype(may_be_partial)::value>(gmem_copy, tVgV, tVsV, cKV, valid, params.headdim);
@@ -286,6 +281,11 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
   }
   cp_async_fence();
   int n = n_end - 1;
+  if (paged && n >= n_begin) {  // the first block's row offsets, before any load
+    write_row_offsets(n, read_entry(n));
+    entry_after = read_entry(n - 1);
+    __syncthreads();
+  }
   if (n >= n_begin) load_kv(n, 0, cute::true_type{});
   cp_async_fence();
   if constexpr (Traits::kQInRegs) {
@@ -300,6 +300,10 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
   }
   CUTE_UNROLL
   for (int s = 1; s < kStages - 1; ++s) {
+    if (paged && n - s >= n_begin) {
+      write_row_offsets(n - s, entry_next);
+      __syncthreads();
+    }
     if (n - s >= n_begin) load_kv(n - s, s, cute::false_type{});
     cp_async_fence();
   }
@@ -312,9 +316,11 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
   // always_inline: out of line, the by-reference accumulators and params go to local memory
   // (the paged loads made it large enough for the inliner to refuse).
   auto process_block = [&](int n_block, auto masked) __attribute__((always_inline)) {
+    const int refill = n_block - (kStages - 1);
+    // The refill's row offsets; the last reads of this half of the table were two loads ago.
+    if (paged && refill >= n_begin) write_row_offsets(refill, entry_next);
     cp_async_wait<kStages - 2>();
     __syncthreads();  // block n_block visible; every warp is done with the stage refilled next
-    const int refill = n_block - (kStages - 1);
     const int refill_stage = stage == 0 ? kStages - 1 : stage - 1;
     if (refill >= n_begin) load_kv(refill, refill_stage, cute::false_type{});
     cp_async_fence();

@@ -36,7 +36,10 @@ Status launch_fwd(Kernel kernel, const FwdKernelParams& params, cudaStream_t str
   const int splits = params.num_splits > 1 ? params.num_splits : 1;  // split-KV: z is (batch, split)
   const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.nheads,
                   params.batch * splits);
-  kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params);
+  // The row table of paged loads only where the call is paged: the tiles alone leave the dense
+  // calls their shared-memory carveout.
+  const int smem = params.page_table != nullptr ? Traits::kSmemBytes : Traits::kTileBytes;
+  kernel<<<grid, Traits::kNThreads, smem, stream>>>(params);
   return cuda_status(cudaGetLastError(), "ampere forward launch");
 }
 

@@ -12,6 +12,9 @@
 #include <cute/atom/mma_atom.hpp>
 #include <cutlass/numeric_types.h>
 
+#include "kv_rows.h"
+#include "paged_kernels.h"
+
 namespace flashcute::ampere {
 
 template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kStages_,
@@ -76,7 +79,11 @@ struct FwdTraits {
   static constexpr int kSmemElems =
       kQInRegs ? kStageElems + cute::max(kQElems, (kStages - 1) * kStageElems)
                : kQElems + kStages * kStageElems;
-  static constexpr int kSmemBytes = kSmemElems * int(sizeof(ElementQK));
+  static constexpr int kTileBytes = kSmemElems * int(sizeof(ElementQK));
+  // Kernels with paged loads keep, after the tiles, two blocks' key-row offsets (kv_rows.h).
+  static constexpr int kKvRowTableBytes = has_paged_loads(kHeadDim) ? 2 * kBlockN * int(sizeof(KvRowOffsets)) : 0;
+  static_assert(!has_paged_loads(kHeadDim) || kBlockN <= kNThreads, "one thread per key row fills the row table");
+  static constexpr int kSmemBytes = kTileBytes + kKvRowTableBytes;
 
   // Global -> shared: 16-byte cp.async, threads laid out row-major over kSmemRowElems columns.
   static constexpr int kElemsPer16B = 16 / int(sizeof(ElementQK));
