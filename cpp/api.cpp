@@ -708,7 +708,6 @@ Status check_kvcache(const AttentionForwardParams& given, const KVCacheParams& c
 // Everything a KV-cache call launches: its forward's params (packing and splits applied), its
 // launcher and the split workspace's layout.
 struct KvCacheRun {
-  int capability = 0;
   FwdKernelParams kernel{};
   FwdLauncher launch = nullptr;
   SplitKvLayout split;
@@ -717,7 +716,6 @@ struct KvCacheRun {
 Status plan_kvcache(const AttentionForwardParams& p, const KVCacheParams& c, Backend backend, KvCacheRun* run) {
   int capability = 0;
   if (Status s = device_capability(p.device, &capability); !s.ok()) return s;
-  run->capability = capability;
   KernelQuery query = query_of(p);
   query.kv_cache = true;
   query.paged_kv = c.page_table != nullptr;
@@ -747,7 +745,8 @@ Status plan_kvcache(const AttentionForwardParams& p, const KVCacheParams& c, Bac
   k = kvcache_packed_view(k, kvcache_packed_heads(k, tile.block_m));
   const long long tiles = static_cast<long long>((k.seqlen_q + tile.block_m - 1) / tile.block_m) * k.nheads * k.batch;
   const int key_blocks = (k.seqlen_k + tile.block_n - 1) / tile.block_n;
-  const int splits = kvcache_splits(tiles, key_blocks, sms * tile.ctas_per_sm, static_cast<int>(c.num_splits), k.batch);
+  const int ctas_per_sm = c.page_table != nullptr ? tile.ctas_per_sm_paged : tile.ctas_per_sm;
+  const int splits = kvcache_splits(tiles, key_blocks, sms * ctas_per_sm, static_cast<int>(c.num_splits), k.batch);
   const int64_t rows = p.cu_seqlens_q != nullptr ? p.total_q : p.batch * p.seqlen_q;
   run->split = split_kv_layout(rows, p.nheads, v_headdim(p), splits);
   k.num_splits = splits;
@@ -854,7 +853,7 @@ Status attention_with_kvcache(const AttentionForwardParams& given, const KVCache
   m.headdim = static_cast<int>(v_headdim(p));
   return launch_merge_states(m, MergeElement::kFloat32,
                              p.dtype == DType::kBFloat16 ? MergeElement::kBFloat16 : MergeElement::kFloat16,
-                             /*after_producer=*/run.capability >= 90, p.stream);
+                             /*after_producer=*/true, p.stream);
 }
 
 Status merge_attention_states(const MergeAttentionStatesParams& p) {

@@ -17,9 +17,10 @@ namespace flashcute {
 using FwdLauncher = Status (*)(const FwdKernelParams&, cudaStream_t);
 using BwdLauncher = Status (*)(const BwdKernelParams&, cudaStream_t);
 
-// An Ampere-path forward's tile on the current device and its CTAs per SM (split-KV plans).
+// An Ampere-path forward's tile on the current device and its CTAs per SM (split-KV plans), for
+// dense and for paged calls (these launch with the paged loads' row table in shared memory too).
 struct FwdTileInfo {
-  int block_m = 0, block_n = 0, ctas_per_sm = 0;
+  int block_m = 0, block_n = 0, ctas_per_sm = 0, ctas_per_sm_paged = 0;
 };
 using FwdTileQuery = Status (*)(FwdTileInfo*);
 

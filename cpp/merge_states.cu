@@ -6,6 +6,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include <array>
+#include <atomic>
 #include <cmath>
 
 #include "launch_status.h"
@@ -113,6 +115,26 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) merge_states_kernel(const
     p.out.lse[batch * p.out.lse_batch_stride + head * p.out.lse_head_stride + row * p.out.lse_row_stride] = lse;
 }
 
+// Whether the image of the merge kernel that this device runs has griddepcontrol.wait: compiled
+// from sm90 code. A device that JIT-compiles the sm80 image (no wait) gets a plain launch.
+template <class In, class Out>
+bool image_waits_for_producer() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  constexpr int kCachedDevices = 64;
+  static std::array<std::atomic<int>, kCachedDevices> cached{};  // 0: not asked yet, 1: no, 2: yes
+  int known = device < kCachedDevices ? cached[device].load(std::memory_order_acquire) : 0;
+  if (known == 0) {
+    cudaFuncAttributes attributes{};
+    const bool waits = cudaFuncGetAttributes(&attributes, merge_states_kernel<In, Out>) == cudaSuccess &&
+                       attributes.ptxVersion >= 90;
+    if (!waits) cudaGetLastError();  // a failed query leaves no sticky error behind
+    known = waits ? 2 : 1;
+    if (device < kCachedDevices) cached[device].store(known, std::memory_order_release);
+  }
+  return known == 2;
+}
+
 template <class In, class Out>
 Status launch(const MergeStatesParams& p, bool after_producer, cudaStream_t stream) {
   const int64_t items = int64_t(p.batch) * p.seqlen * p.heads;
@@ -121,7 +143,7 @@ Status launch(const MergeStatesParams& p, bool after_producer, cudaStream_t stre
   if (blocks > 0x7fffffff) return make_status(StatusCode::kNotSupported, "merge: too many rows (%lld)", (long long)items);
   cudaLaunchAttribute overlap{};
   overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  overlap.val.programmaticStreamSerializationAllowed = after_producer ? 1 : 0;
+  overlap.val.programmaticStreamSerializationAllowed = after_producer && image_waits_for_producer<In, Out>() ? 1 : 0;
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(unsigned(blocks));
   config.blockDim = dim3(kWarpsPerBlock * 32);

@@ -11,7 +11,7 @@ namespace flashcute {
 enum class MergeElement { kFloat16, kBFloat16, kFloat32 };
 
 // `after_producer`: launched as the programmatic dependent of the stream's previous kernel, which
-// it waits for in the kernel (sm90 and newer; other devices take a plain launch).
+// it waits for in the kernel (where the device runs its sm90 image; otherwise a plain launch).
 Status launch_merge_states(const MergeStatesParams& p, MergeElement in, MergeElement out, bool after_producer,
                            cudaStream_t stream);
 

@@ -3,6 +3,7 @@
 
 #include <array>
 #include <atomic>
+#include <utility>
 
 #include <cuda_runtime_api.h>
 
@@ -88,14 +89,17 @@ Status fwd_tile_info(FwdTileInfo* info) {
   int arch = 0;
   if (Status s = resolve_fwd_arch<Element, kHeadDim>(&arch); !s.ok()) return s;
   const int threads = arch == 90 ? Traits90::kNThreads : Traits80::kNThreads;
-  const int smem = arch == 90 ? Traits90::kSmemBytes : Traits80::kSmemBytes;
+  const int smem_paged = arch == 90 ? Traits90::kSmemBytes : Traits80::kSmemBytes;
+  const int smem_dense = arch == 90 ? Traits90::kTileBytes : Traits80::kTileBytes;
   info->block_m = arch == 90 ? Traits90::kBlockM : Traits80::kBlockM;
   info->block_n = arch == 90 ? Traits90::kBlockN : Traits80::kBlockN;
-  int ctas = 0;
-  if (cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, &fwd_kernel<Element, kHeadDim>, threads, smem);
-      err != cudaSuccess)
-    return cuda_status(err, "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  info->ctas_per_sm = ctas > 0 ? ctas : 1;
+  for (const auto& [smem, ctas_out] : {std::pair{smem_dense, &info->ctas_per_sm}, std::pair{smem_paged, &info->ctas_per_sm_paged}}) {
+    int ctas = 0;
+    if (cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, &fwd_kernel<Element, kHeadDim>, threads, smem);
+        err != cudaSuccess)
+      return cuda_status(err, "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    *ctas_out = ctas > 0 ? ctas : 1;
+  }
   return Status{};
 }
 
