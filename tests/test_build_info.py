@@ -76,6 +76,19 @@ def test_missing_extension_is_reported(monkeypatch):
         _build_info._cached_build_info.cache_clear()
 
 
+def test_extension_with_names_the_missing_feature(monkeypatch):
+    import types
+
+    from flashcute import _build_info, kvcache, quantize
+
+    monkeypatch.setattr(_build_info, "_extension", types.SimpleNamespace(kvcache_forward=None, merge_states=None))
+    assert kvcache.merge_extension() is _build_info._extension
+    with pytest.raises(ImportError, match=r"has no KV-cache attention \(kvcache_forward\); reinstall"):
+        kvcache.kvcache_extension()  # kvcache_plan is missing
+    with pytest.raises(ImportError, match=r"has no quantize_fp8; reinstall the package with `pip install \.`"):
+        quantize.quantize_extension()
+
+
 def test_backward_workspace_reserves_split_sums_only_without_causal():
     """The Hopper path's workspace: without causal masking, room for the fp32 dK/dV sums of up
     to an eighth of the key-block CTAs (the last wave may run split); causal calls need none."""

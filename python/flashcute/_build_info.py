@@ -34,6 +34,21 @@ def load_extension() -> ModuleType:
     return _extension
 
 
+def extension_with(feature: str, *names: str) -> ModuleType:
+    """``flashcute._C``, refusing a build whose binding lacks any of ``names``.
+
+    Raises:
+        ImportError: the extension is missing, or predates ``feature`` (named in the message).
+    """
+    ext = load_extension()
+    if not all(hasattr(ext, name) for name in names):
+        raise ImportError(
+            f"flashcute: this build of flashcute._C has no {feature}; reinstall the package "
+            "with `pip install .`"
+        )
+    return ext
+
+
 def _split(value: str) -> list[str]:
     return [item.strip() for item in value.split(";") if item.strip()]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from ._build_info import load_extension
+from ._build_info import extension_with
 from ._dispatch import _code
 from ._frameworks import ALLOCATING_FRAMEWORKS, Framework, export, framework_of, launchable
 from ._validate import check_softcap, kernel_window, type_name
@@ -23,24 +23,12 @@ from .varlen import _torch_call
 
 def kvcache_extension() -> Any:
     """``flashcute._C``, refusing a build whose binding predates KV-cache attention."""
-    ext = load_extension()
-    if not hasattr(ext, "kvcache_forward") or not hasattr(ext, "kvcache_plan"):
-        raise ImportError(
-            "flashcute: this build of flashcute._C has no KV-cache attention (kvcache_forward); "
-            "reinstall the package with `pip install .`"
-        )
-    return ext
+    return extension_with("KV-cache attention (kvcache_forward)", "kvcache_forward", "kvcache_plan")
 
 
 def merge_extension() -> Any:
     """``flashcute._C``, refusing a build whose binding predates ``merge_states``."""
-    ext = load_extension()
-    if not hasattr(ext, "merge_states"):
-        raise ImportError(
-            "flashcute: this build of flashcute._C has no merge_states; reinstall the package "
-            "with `pip install .`"
-        )
-    return ext
+    return extension_with("merge_states", "merge_states")
 
 
 def backend_code(ext: Any, backend: Optional[str]) -> int:

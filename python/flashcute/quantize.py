@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from ._build_info import load_extension
+from ._build_info import extension_with
 from ._frameworks import TorchFramework
 from ._validate import type_name
 from ._validate_fp8 import FP8_BLOCK
@@ -26,13 +26,7 @@ _TORCH = TorchFramework()
 
 def quantize_extension() -> Any:
     """``flashcute._C``, refusing a build whose binding predates ``quantize_fp8``."""
-    ext = load_extension()
-    if not hasattr(ext, "quantize_fp8") or not hasattr(ext, "quantize_fp8_workspace_size"):
-        raise ImportError(
-            "flashcute: this build of flashcute._C has no quantize_fp8; reinstall the package "
-            "with `pip install .`"
-        )
-    return ext
+    return extension_with("quantize_fp8", "quantize_fp8", "quantize_fp8_workspace_size")
 
 
 def _check_flag(name: str, value: Any) -> bool:
