@@ -727,8 +727,8 @@ Status plan_kvcache(const AttentionForwardParams& p, const KVCacheParams& c, Bac
     return make_status(StatusCode::kNotSupported, "no launcher for the chosen kernel (head dim %d)", choice.headdim);
   DeviceGuard guard(p.device);
   if (!guard.status().ok()) return guard.status();
-  FwdTileInfo tile;
-  if (Status s = tile_query(&tile); !s.ok()) return s;
+  FwdTileInfo tiles_of;
+  if (Status s = tile_query(&tiles_of); !s.ok()) return s;
   int device = 0, sms = 0;
   if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return cuda_status(err, "cudaGetDevice");
   if (cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); err != cudaSuccess)
@@ -742,11 +742,17 @@ Status plan_kvcache(const AttentionForwardParams& p, const KVCacheParams& c, Bac
     k.page_divisor = PageDivisor::of(static_cast<int>(c.page_size));
     k.num_pages = static_cast<int>(c.num_pages);
   }
-  k = kvcache_packed_view(k, kvcache_packed_heads(k, tile.block_m));
-  const long long tiles = static_cast<long long>((k.seqlen_q + tile.block_m - 1) / tile.block_m) * k.nheads * k.batch;
-  const int key_blocks = (k.seqlen_k + tile.block_n - 1) / tile.block_n;
-  const int ctas_per_sm = c.page_table != nullptr ? tile.ctas_per_sm_paged : tile.ctas_per_sm;
-  const int splits = kvcache_splits(tiles, key_blocks, sms * ctas_per_sm, static_cast<int>(c.num_splits), k.batch);
+  k = kvcache_packed_view(k, kvcache_packed_heads(k, tiles_of.wide.block_m));
+  auto splits_on = [&](const FwdTile& tile) {
+    const long long tiles = static_cast<long long>((k.seqlen_q + tile.block_m - 1) / tile.block_m) * k.nheads * k.batch;
+    const int key_blocks = (k.seqlen_k + tile.block_n - 1) / tile.block_n;
+    const int ctas_per_sm = c.page_table != nullptr ? tile.ctas_per_sm_paged : tile.ctas_per_sm;
+    return kvcache_splits(tiles, key_blocks, sms * ctas_per_sm, static_cast<int>(c.num_splits), k.batch);
+  };
+  // Split on the wide tile's plan; a split call the narrow tile runs (run_fwd's rule) is planned
+  // on the narrow tile, and runs on the wide one if that plan does not split.
+  int splits = splits_on(tiles_of.wide);
+  if (runs_narrow_tile(k.seqlen_q, splits, tiles_of.narrow.block_m)) splits = splits_on(tiles_of.narrow);
   const int64_t rows = p.cu_seqlens_q != nullptr ? p.total_q : p.batch * p.seqlen_q;
   run->split = split_kv_layout(rows, p.nheads, v_headdim(p), splits);
   k.num_splits = splits;

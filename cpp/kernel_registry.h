@@ -19,8 +19,20 @@ using BwdLauncher = Status (*)(const BwdKernelParams&, cudaStream_t);
 
 // An Ampere-path forward's tile on the current device and its CTAs per SM (split-KV plans), for
 // dense and for paged calls (these launch with the paged loads' row table in shared memory too).
-struct FwdTileInfo {
+struct FwdTile {
   int block_m = 0, block_n = 0, ctas_per_sm = 0, ctas_per_sm_paged = 0;
+};
+
+// Whether a call with `rows` query rows per (batch, head) over `splits` key splits runs the
+// narrow tile (ampere/fwd_config.h) of `narrow_block_m` rows; 0: the device's image has none.
+// Split-KV decoding only: without splits the wide tile's CTAs fill the GPU and keep more bytes
+// in flight each. The launcher and the KV-cache plan ask it.
+constexpr bool runs_narrow_tile(int rows, int splits, int narrow_block_m) {
+  return narrow_block_m > 0 && rows <= narrow_block_m && splits > 1;
+}
+
+struct FwdTileInfo {
+  FwdTile wide, narrow;  // narrow.block_m 0: none
 };
 using FwdTileQuery = Status (*)(FwdTileInfo*);
 

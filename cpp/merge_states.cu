@@ -1,5 +1,6 @@
-// The merge kernel (merge_states.h): one warp per (batch, row, head); lanes split the states for
-// the LSE and the head dim for the output. Instantiated per (input, output) element type.
+// The merge kernel (merge_states.h): one CTA per (batch, row, head); lanes split the states for
+// the LSE and the head dim for the output, warps the states for the output. Instantiated per
+// (input, output) element type and columns per lane.
 // After split-KV it is launched as the split kernel's programmatic dependent (sm90): its launch
 // overlaps the split kernel's last CTAs instead of following the grid's end.
 #include <cuda_bf16.h>
@@ -26,16 +27,27 @@ template <> __device__ __forceinline__ __half from_float(float x) { return __flo
 template <> __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
 
 constexpr int kWarpsPerBlock = 4;
+// Warps per item: the whole CTA for split-KV's many states, one warp for two.
+__host__ __device__ constexpr int team_of(int states) { return states >= 8 ? kWarpsPerBlock : 1; }
 
-template <class In, class Out>
+// A (batch, row, head) item per `team` warps of a CTA: one (two states: merge_attention_states)
+// or all four (split-KV). Each warp of a team computes the merged LSE (lane l holds state l's);
+// warp w sums the outputs of states w, w + team, ..., and the team's sums meet in shared memory.
+// One warp alone per item issues every state's addresses, loads and FMAs in one dependent
+// stream, which was the whole merge's time at batch 1 (benchmarks/results/). kCols: columns per lane (head dims to 32·kCols); a warp loads
+// kBatch states' outputs before it sums any (64 values per lane), so that its states cost one
+// memory latency.
+template <class In, class Out, int kCols, int kBatch = (64 / kCols < 32 ? 64 / kCols : 32)>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) merge_states_kernel(const MergeStatesParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Launched as the split kernel's programmatic dependent: its parts are complete from here on.
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
   const int lane = threadIdx.x % 32;
-  const int64_t item = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  if (item >= int64_t(p.batch) * p.seqlen * p.heads) return;
+  const int team = team_of(p.states);  // uniform
+  const int warp = threadIdx.x / 32 % team;
+  const int64_t item = int64_t(blockIdx.x) * (kWarpsPerBlock / team) + threadIdx.x / 32 / team;
+  if (item >= int64_t(p.batch) * p.seqlen * p.heads) return;  // team 1 only: no barrier below
   const int head = int(item % p.heads);
   const int row = int(item / p.heads % p.seqlen);
   const int batch = int(item / p.heads / p.seqlen);
@@ -72,44 +84,56 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) merge_states_kernel(const
   for (int d = 16; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
   const float lse = max_lse == -INFINITY ? -INFINITY : max_lse + logf(sum);
 
-  Out* out = static_cast<Out*>(p.out.o) + batch * p.out.o_batch_stride + row * p.out.o_row_stride +
-             head * p.out.o_head_stride;
-  // Up to 8 columns per lane in registers (head dims to 256). States go kBatch at a time, their
-  // loads issued before any is summed: one after another they cost a memory latency each.
-  constexpr int kCols = 8;
-  constexpr int kBatch = 4;
   float acc[kCols];
 #pragma unroll
   for (int j = 0; j < kCols; ++j) acc[j] = 0.f;
-  if (lse != -INFINITY) {
+  if (lse != -INFINITY) {  // uniform per CTA
     for (int s0 = 0; s0 < p.states; s0 += 32) {
       const float state_lse = s0 == 0 ? lse_first : lse_at(s0 + lane);
       // 0 for an empty state: its O is not read, so garbage there cannot poison the sum.
       const float lane_weight = state_lse > -INFINITY ? expf(state_lse - lse) : 0.f;
       const int in_chunk = min(32, p.states - s0);
-      for (int j0 = 0; j0 < in_chunk; j0 += kBatch) {
+      for (int j0 = warp; j0 < in_chunk; j0 += team * kBatch) {
         float weight[kBatch], value[kBatch][kCols];
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
-          weight[u] = __shfl_sync(0xffffffffu, lane_weight, (j0 + u) % 32);  // 0 past the last state
-          const In* o = weight[u] != 0.f ? o_at(s0 + j0 + u) : nullptr;
+          const int j = j0 + u * team;  // 0 weight past the chunk's last state
+          weight[u] = __shfl_sync(0xffffffffu, lane_weight, j % 32);
+          const In* o = j < in_chunk && weight[u] != 0.f ? o_at(s0 + j) : nullptr;
+          if (o == nullptr) weight[u] = 0.f;
 #pragma unroll
-          for (int j = 0; j < kCols; ++j) {
-            const int col = lane + 32 * j;
-            value[u][j] = o != nullptr && col < p.headdim ? to_float(o[col]) : 0.f;
+          for (int c = 0; c < kCols; ++c) {
+            const int col = lane + 32 * c;
+            value[u][c] = o != nullptr && col < p.headdim ? to_float(o[col]) : 0.f;
           }
         }
 #pragma unroll
         for (int u = 0; u < kBatch; ++u)
 #pragma unroll
-          for (int j = 0; j < kCols; ++j) acc[j] += weight[u] * value[u][j];
+          for (int c = 0; c < kCols; ++c) acc[c] += weight[u] * value[u][c];
       }
     }
   }
+
+  if (team > 1) {  // uniform per CTA
+    __shared__ float others[kWarpsPerBlock - 1][kCols * 32];
+    if (warp > 0) {
 #pragma unroll
-  for (int j = 0; j < kCols; ++j) {
-    const int col = lane + 32 * j;
-    if (col < p.headdim) out[col] = from_float<Out>(acc[j]);
+      for (int c = 0; c < kCols; ++c) others[warp - 1][lane + 32 * c] = acc[c];
+    }
+    __syncthreads();
+    if (warp > 0) return;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c)
+#pragma unroll
+      for (int w = 0; w < kWarpsPerBlock - 1; ++w) acc[c] += others[w][lane + 32 * c];
+  }
+  Out* out = static_cast<Out*>(p.out.o) + batch * p.out.o_batch_stride + row * p.out.o_row_stride +
+             head * p.out.o_head_stride;
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) {
+    const int col = lane + 32 * c;
+    if (col < p.headdim) out[col] = from_float<Out>(acc[c]);
   }
   if (lane == 0 && p.out.lse != nullptr)
     p.out.lse[batch * p.out.lse_batch_stride + head * p.out.lse_head_stride + row * p.out.lse_row_stride] = lse;
@@ -126,7 +150,7 @@ bool image_waits_for_producer() {
   int known = device < kCachedDevices ? cached[device].load(std::memory_order_acquire) : 0;
   if (known == 0) {
     cudaFuncAttributes attributes{};
-    const bool waits = cudaFuncGetAttributes(&attributes, merge_states_kernel<In, Out>) == cudaSuccess &&
+    const bool waits = cudaFuncGetAttributes(&attributes, merge_states_kernel<In, Out, 8>) == cudaSuccess &&
                        attributes.ptxVersion >= 90;
     if (!waits) cudaGetLastError();  // a failed query leaves no sticky error behind
     known = waits ? 2 : 1;
@@ -139,7 +163,8 @@ template <class In, class Out>
 Status launch(const MergeStatesParams& p, bool after_producer, cudaStream_t stream) {
   const int64_t items = int64_t(p.batch) * p.seqlen * p.heads;
   if (items == 0) return Status{};
-  const int64_t blocks = (items + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  const int per_block = kWarpsPerBlock / team_of(p.states);
+  const int64_t blocks = (items + per_block - 1) / per_block;
   if (blocks > 0x7fffffff) return make_status(StatusCode::kNotSupported, "merge: too many rows (%lld)", (long long)items);
   cudaLaunchAttribute overlap{};
   overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -150,7 +175,10 @@ Status launch(const MergeStatesParams& p, bool after_producer, cudaStream_t stre
   config.stream = stream;
   config.attrs = &overlap;
   config.numAttrs = 1;
-  return cuda_status(cudaLaunchKernelEx(&config, merge_states_kernel<In, Out>, p), "merge_states launch");
+  const cudaError_t err = p.headdim <= 64    ? cudaLaunchKernelEx(&config, merge_states_kernel<In, Out, 2>, p)
+                          : p.headdim <= 128 ? cudaLaunchKernelEx(&config, merge_states_kernel<In, Out, 4>, p)
+                                             : cudaLaunchKernelEx(&config, merge_states_kernel<In, Out, 8>, p);
+  return cuda_status(err, "merge_states launch");
 }
 
 }  // namespace

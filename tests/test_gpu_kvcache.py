@@ -294,6 +294,17 @@ def test_num_splits(gen, num_splits, page_size):
                window=(1000, 0), num_splits=num_splits)
 
 
+@pytest.mark.parametrize("headdim", [64, 256])
+def test_more_splits_than_one_merge_batch(gen, headdim):
+    """The merge loads its states' outputs in batches (32 states at head dim 64, 8 at 256):
+    40 splits take two batches at 64 and five at 256."""
+    if not _runs(headdim):
+        pytest.skip(f"no Ampere-path kernel of head dim >= {headdim} in this build")
+    cache = Cache(gen, 2, 3000, 2, headdim, DTYPE, 16)
+    check_call(cache, _randn(gen, 2, 1, 8, headdim), [2999, 1700], num_splits=40,
+               softmax_scale=0.7 / math.sqrt(headdim))
+
+
 def test_return_lse_false_and_allocated_out(gen):
     cache = Cache(gen, 2, 128, 2, HEADDIM, DTYPE, 16)
     q = _randn(gen, 2, 1, 8, HEADDIM)

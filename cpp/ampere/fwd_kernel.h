@@ -451,4 +451,13 @@ __global__ void __launch_bounds__(
 #endif
 }
 
+// The narrow tile's symbol (fwd_config.h): its body only in sm90 code, the one launched with it.
+template <class Element, int kHeadDim>
+__global__ void __launch_bounds__(FwdNarrowTraitsFor<Element, kHeadDim>::type::kNThreads, 1)
+    fwd_narrow_kernel(__grid_constant__ const FwdKernelParams params) {
+#if defined(__CUDA_ARCH__) && FLASHCUTE_AMPERE_TILE_ARCH == 90
+  fwd_block<typename FwdNarrowTraitsFor<Element, kHeadDim>::type>(params);
+#endif
+}
+
 }  // namespace flashcute::ampere

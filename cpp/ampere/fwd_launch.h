@@ -3,6 +3,9 @@
 
 #include <array>
 #include <atomic>
+#include <mutex>
+#include <optional>
+#include <type_traits>
 #include <utility>
 
 #include <cuda_runtime_api.h>
@@ -45,11 +48,12 @@ Status launch_fwd(Kernel kernel, const FwdKernelParams& params, cudaStream_t str
 }
 
 // The tile table the loaded image of this kernel was built with (90 or 80: its PTX version),
-// resolved per device on first use and cached, after prepare_fwd succeeded.
+// resolved per device on first use and cached, after prepare_fwd succeeded for its kernels.
 template <class Element, int kHeadDim>
 Status resolve_fwd_arch(int* arch_out) {
   using Traits90 = typename FwdTraitsFor<Element, kHeadDim, 90>::type;
   using Traits80 = typename FwdTraitsFor<Element, kHeadDim, 80>::type;
+  using NarrowTraits = typename FwdNarrowTraitsFor<Element, kHeadDim>::type;
   auto kernel = &fwd_kernel<Element, kHeadDim>;
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return cuda_status(err, "cudaGetDevice");
@@ -61,13 +65,23 @@ Status resolve_fwd_arch(int* arch_out) {
     if (cudaError_t err = cudaFuncGetAttributes(&attributes, kernel); err != cudaSuccess)
       return cuda_status(err, "cudaFuncGetAttributes (no kernel image for this GPU?)");
     arch = attributes.ptxVersion >= 90 ? 90 : 80;
-    const Status prepared = arch == 90 ? prepare_fwd<Traits90>(kernel, device)
-                                       : prepare_fwd<Traits80>(kernel, device);
+    Status prepared = arch == 90 ? prepare_fwd<Traits90>(kernel, device) : prepare_fwd<Traits80>(kernel, device);
+    if constexpr (!std::is_void_v<NarrowTraits>) {
+      if (prepared.ok() && arch == 90) prepared = prepare_fwd<NarrowTraits>(&fwd_narrow_kernel<Element, kHeadDim>, device);
+    }
     if (!prepared.ok()) return prepared;
     if (device < kCachedDevices) tile_arch[device].store(arch, std::memory_order_release);
   }
   *arch_out = arch;
   return Status{};
+}
+
+// The narrow tile's rows where the loaded image has one (sm90 code), else 0.
+template <class Element, int kHeadDim>
+constexpr int narrow_block_m(int arch) {
+  using NarrowTraits = typename FwdNarrowTraitsFor<Element, kHeadDim>::type;
+  if constexpr (std::is_void_v<NarrowTraits>) return 0;
+  else return arch == 90 ? NarrowTraits::kBlockM : 0;
 }
 
 template <class Element, int kHeadDim>
@@ -77,30 +91,64 @@ Status run_fwd(const FwdKernelParams& params, cudaStream_t stream) {
   auto kernel = &fwd_kernel<Element, kHeadDim>;
   int arch = 0;
   if (Status s = resolve_fwd_arch<Element, kHeadDim>(&arch); !s.ok()) return s;
+  using NarrowTraits = typename FwdNarrowTraitsFor<Element, kHeadDim>::type;
+  if constexpr (!std::is_void_v<NarrowTraits>) {
+    if (runs_narrow_tile(params.seqlen_q, params.num_splits, narrow_block_m<Element, kHeadDim>(arch)))
+      return launch_fwd<NarrowTraits>(&fwd_narrow_kernel<Element, kHeadDim>, params, stream);
+  }
   return arch == 90 ? launch_fwd<Traits90>(kernel, params, stream)
                     : launch_fwd<Traits80>(kernel, params, stream);
 }
 
-// The tile the current device runs and how many of its CTAs an SM holds (split-KV plans).
-template <class Element, int kHeadDim>
-Status fwd_tile_info(FwdTileInfo* info) {
-  using Traits90 = typename FwdTraitsFor<Element, kHeadDim, 90>::type;
-  using Traits80 = typename FwdTraitsFor<Element, kHeadDim, 80>::type;
-  int arch = 0;
-  if (Status s = resolve_fwd_arch<Element, kHeadDim>(&arch); !s.ok()) return s;
-  const int threads = arch == 90 ? Traits90::kNThreads : Traits80::kNThreads;
-  const int smem_paged = arch == 90 ? Traits90::kSmemBytes : Traits80::kSmemBytes;
-  const int smem_dense = arch == 90 ? Traits90::kTileBytes : Traits80::kTileBytes;
-  info->block_m = arch == 90 ? Traits90::kBlockM : Traits80::kBlockM;
-  info->block_n = arch == 90 ? Traits90::kBlockN : Traits80::kBlockN;
-  for (const auto& [smem, ctas_out] : {std::pair{smem_dense, &info->ctas_per_sm}, std::pair{smem_paged, &info->ctas_per_sm_paged}}) {
+// A tile's shape and how many of its CTAs an SM holds, dense and paged.
+template <class Traits, class Kernel>
+Status tile_of(Kernel kernel, FwdTile* tile) {
+  tile->block_m = Traits::kBlockM;
+  tile->block_n = Traits::kBlockN;
+  for (const auto& [smem, ctas_out] : {std::pair{int(Traits::kTileBytes), &tile->ctas_per_sm},
+                                       std::pair{int(Traits::kSmemBytes), &tile->ctas_per_sm_paged}}) {
     int ctas = 0;
-    if (cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, &fwd_kernel<Element, kHeadDim>, threads, smem);
+    if (cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, Traits::kNThreads, smem);
         err != cudaSuccess)
       return cuda_status(err, "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
     *ctas_out = ctas > 0 ? ctas : 1;
   }
   return Status{};
+}
+
+// The tiles the current device runs (split-KV plans), computed once per device: the occupancy
+// queries are host time on every KV-cache call otherwise.
+template <class Element, int kHeadDim>
+Status fwd_tile_info(FwdTileInfo* info) {
+  using Traits90 = typename FwdTraitsFor<Element, kHeadDim, 90>::type;
+  using Traits80 = typename FwdTraitsFor<Element, kHeadDim, 80>::type;
+  using NarrowTraits = typename FwdNarrowTraitsFor<Element, kHeadDim>::type;
+  int arch = 0;
+  if (Status s = resolve_fwd_arch<Element, kHeadDim>(&arch); !s.ok()) return s;
+  int device = 0;
+  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return cuda_status(err, "cudaGetDevice");
+  constexpr int kCachedDevices = 64;
+  static std::mutex cache_mutex;
+  static std::array<std::optional<FwdTileInfo>, kCachedDevices> cache;
+  if (device < kCachedDevices) {
+    std::lock_guard<std::mutex> lock(cache_mutex);
+    if (cache[device]) {
+      *info = *cache[device];
+      return Status{};
+    }
+  }
+  auto kernel = &fwd_kernel<Element, kHeadDim>;
+  Status s = arch == 90 ? tile_of<Traits90>(kernel, &info->wide) : tile_of<Traits80>(kernel, &info->wide);
+  info->narrow = FwdTile{};
+  if constexpr (!std::is_void_v<NarrowTraits>) {
+    if (s.ok() && narrow_block_m<Element, kHeadDim>(arch) > 0)
+      s = tile_of<NarrowTraits>(&fwd_narrow_kernel<Element, kHeadDim>, &info->narrow);
+  }
+  if (s.ok() && device < kCachedDevices) {
+    std::lock_guard<std::mutex> lock(cache_mutex);
+    cache[device] = *info;
+  }
+  return s;
 }
 
 }  // namespace flashcute::ampere
