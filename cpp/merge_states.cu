@@ -1,6 +1,6 @@
-// The merge kernel (merge_states.h): one CTA per (batch, row, head); lanes split the states for
-// the LSE and the head dim for the output, warps the states for the output. Instantiated per
-// (input, output) element type and columns per lane.
+// The merge kernel (merge_states.h): a team of warps per (batch, row, head); lanes split the
+// states for the LSE and the head dim for the output, the team's warps the states for the
+// output. Instantiated per (input, output) element type and columns per lane.
 // After split-KV it is launched as the split kernel's programmatic dependent (sm90): its launch
 // overlaps the split kernel's last CTAs instead of following the grid's end.
 #include <cuda_bf16.h>
@@ -27,16 +27,15 @@ template <> __device__ __forceinline__ __half from_float(float x) { return __flo
 template <> __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
 
 constexpr int kWarpsPerBlock = 4;
-// Warps per item: the whole CTA for split-KV's many states, one warp for two.
+// Warps per item: the whole CTA from 8 states on (split-KV), else one warp (four items a CTA).
 __host__ __device__ constexpr int team_of(int states) { return states >= 8 ? kWarpsPerBlock : 1; }
 
-// A (batch, row, head) item per `team` warps of a CTA: one (two states: merge_attention_states)
-// or all four (split-KV). Each warp of a team computes the merged LSE (lane l holds state l's);
+// A (batch, row, head) item per `team` warps (team_of). Each warp of a team computes the merged LSE (lane l holds state l's);
 // warp w sums the outputs of states w, w + team, ..., and the team's sums meet in shared memory.
 // One warp alone per item issues every state's addresses, loads and FMAs in one dependent
-// stream, which was the whole merge's time at batch 1 (benchmarks/results/). kCols: columns per lane (head dims to 32·kCols); a warp loads
-// kBatch states' outputs before it sums any (64 values per lane), so that its states cost one
-// memory latency.
+// stream, which was the whole merge's time at batch 1 (benchmarks/results/). kCols: columns
+// per lane (head dims to 32·kCols); a warp loads kBatch states' outputs before it sums any (64
+// values per lane), so that its states of a chunk of 32 cost one memory latency.
 template <class In, class Out, int kCols, int kBatch = (64 / kCols < 32 ? 64 / kCols : 32)>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) merge_states_kernel(const MergeStatesParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -87,7 +86,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) merge_states_kernel(const
   float acc[kCols];
 #pragma unroll
   for (int j = 0; j < kCols; ++j) acc[j] = 0.f;
-  if (lse != -INFINITY) {  // uniform per CTA
+  if (lse != -INFINITY) {  // uniform per team
     for (int s0 = 0; s0 < p.states; s0 += 32) {
       const float state_lse = s0 == 0 ? lse_first : lse_at(s0 + lane);
       // 0 for an empty state: its O is not read, so garbage there cannot poison the sum.

@@ -296,8 +296,9 @@ def test_num_splits(gen, num_splits, page_size):
 
 @pytest.mark.parametrize("headdim", [64, 256])
 def test_more_splits_than_one_merge_batch(gen, headdim):
-    """The merge loads its states' outputs in batches (32 states at head dim 64, 8 at 256):
-    40 splits take two batches at 64 and five at 256."""
+    """More splits than one chunk of the merge's 32 states (the lanes' LSEs): 40 splits,
+    some of them empty for the shorter sequence, at the merge's smallest and largest columns
+    per lane."""
     if not _runs(headdim):
         pytest.skip(f"no Ampere-path kernel of head dim >= {headdim} in this build")
     cache = Cache(gen, 2, 3000, 2, headdim, DTYPE, 16)

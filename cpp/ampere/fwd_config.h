@@ -62,7 +62,8 @@ template <> struct FwdTileConfig<256, 80> { using type = Tile<64, 32, 4, 2, 0>; 
 #define FLASHCUTE_AMPERE_NARROW_TILE_128 64, 64, 4, 2, 1
 #endif
 
-// void: the head dim has no narrow kernel and every call runs the wide tile.
+// void: the head dim has no narrow kernel and every call runs the wide tile (head dims but 128;
+// their FLASHCUTE_AMPERE_NARROW_TILES entries are ignored).
 template <int kHeadDim> struct FwdNarrowTileConfig { using type = void; };
 template <> struct FwdNarrowTileConfig<128> { using type = Tile<FLASHCUTE_AMPERE_NARROW_TILE_128>; };
 

@@ -440,8 +440,8 @@ CUTE_DEVICE void fwd_block(const FwdKernelParams params) {
   }
 }
 
-// One kernel symbol per (dtype, head dim); its tile shapes follow the code generation it was
-// compiled for (see fwd_config.h).
+// The wide tile's kernel symbol per (dtype, head dim); its tile shapes follow the code
+// generation it was compiled for (see fwd_config.h).
 template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(
     FwdTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type::kNThreads, 1)
