@@ -2,14 +2,15 @@
 
     python tests/sanitize/kvcache_calls.py
 
-Small ``attention_with_kvcache`` calls, well-formed ones first (page sizes 1, 16 and 64 and a
-contiguous cache, appends across page boundaries, GQA and MQA, causal, window, softcap, ALiBi,
-packed queries, split-KV with 1, 3, 64 and the heuristic's splits), then a fuzzed corpus of the
-values the host never reads and the kernels must clamp: page ids below 0, at or beyond
-num_pages and near 2^31; cache_seqlens below 0, beyond the table's capacity and near 2^31,
-with and without appends (which must not write outside the cache); packed-query offsets
-that break the rules. Then ``merge_attention_states`` on rows empty in one or both states,
-batched and packed. The calls only have to complete: memcheck and the other tools report
+Small ``attention_with_kvcache`` calls, well-formed ones first (head dims 64, 72 and 128, the
+last also on the narrow split-KV tile of sm90; page sizes 1, 16 and 64 and a contiguous cache,
+appends across page boundaries, GQA and MQA, causal, window, softcap, ALiBi, packed queries,
+split-KV with 1, 3, 64 and the heuristic's splits), then a fuzzed corpus of the values the
+host never reads and the kernels must clamp: page ids below 0, at or beyond num_pages and
+near 2^31; cache_seqlens below 0, beyond the table's capacity and near 2^31, with and without
+appends (which must not write outside the cache); packed-query offsets that break the rules.
+Then ``merge_attention_states`` on rows empty in one or both states, batched and packed.
+The calls only have to complete: memcheck and the other tools report
 what they touched.
 """
 
@@ -96,7 +97,7 @@ def kvcache_calls(seed: int = 0) -> int:
     count = 0
     dtypes = [torch.bfloat16, torch.float16]
     for dtype in dtypes:
-        for headdim in (64, 72):
+        for headdim in (64, 72, 128):
             for page_size in (1, 16, 64, None):
                 for nheads in (4, 2 * 8):  # GQA 2:1 and 8:1
                     k, v, max_pages = _cache(page_size, headdim, dtype, gen)
