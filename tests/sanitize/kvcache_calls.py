@@ -10,8 +10,7 @@ host never reads and the kernels must clamp: page ids below 0, at or beyond num_
 near 2^31; cache_seqlens below 0, beyond the table's capacity and near 2^31, with and without
 appends (which must not write outside the cache); packed-query offsets that break the rules.
 Then ``merge_attention_states`` on rows empty in one or both states, batched and packed.
-The calls only have to complete: memcheck and the other tools report
-what they touched.
+The calls only have to complete: memcheck and the other tools report what they touched.
 """
 
 from __future__ import annotations
