@@ -447,10 +447,11 @@ def test_runs_on_the_current_stream(gen):
 
 def test_cupy_arrays(gen):
     cupy = pytest.importorskip("cupy")
-    dtype = "float16" if "float16" in DTYPES else DTYPE  # the other dtype than most tests, if built
-    cache = Cache(gen, 2, 128, 2, HEADDIM, dtype, 16)
-    q = _randn(gen, 2, 2, 8, HEADDIM, dtype=dtype)
-    k_new, v_new = _new(gen, 2, 2, 2, dtype=dtype)
+    if "float16" not in DTYPES:
+        pytest.skip("cupy has no bfloat16 and this build has no float16 kernels")
+    cache = Cache(gen, 2, 128, 2, HEADDIM, "float16", 16)
+    q = _randn(gen, 2, 2, 8, HEADDIM, dtype="float16")
+    k_new, v_new = _new(gen, 2, 2, 2, dtype="float16")
     seqlens = _int32([30, 0])
     cache.poison([32, 2])
     ref = reference.attention_with_kvcache(q, cache.k, cache.v, cache_seqlens=seqlens,
