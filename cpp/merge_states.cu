@@ -10,8 +10,8 @@
 
 #include <array>
 #include <atomic>
-#include <type_traits>
 #include <cmath>
+#include <type_traits>
 
 #include "launch_status.h"
 #include "merge_states.h"
