@@ -1,6 +1,6 @@
-// The merge kernels (merge_states.h). merge_states_kernel: a team of warps per (batch, row,
-// head); lanes split the states for the LSE and the head dim for the output, the team's warps
-// the states for the output; instantiated per (input, output) element type and columns per lane.
+// The merge kernels (merge_states.h). merge_states_kernel: a warp per (batch, row, head); lanes
+// split the states for the LSE and the head dim for the output; instantiated per (input,
+// output) element type and columns per lane (merge_attention_states' two sources).
 // merge_parts_kernel: split-KV's fp32 parts, small enough to sit beside the split kernel's CTAs.
 // After split-KV the merge is launched as the split kernel's programmatic dependent (sm90): its
 // CTAs start before the split grid ends and wait for it in the kernel.
@@ -29,15 +29,11 @@ template <> __device__ __forceinline__ __half from_float(float x) { return __flo
 template <> __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
 
 constexpr int kWarpsPerBlock = 4;
-// Warps per item: the whole CTA from 8 states on (split-KV), else one warp (four items a CTA).
-__host__ __device__ constexpr int team_of(int states) { return states >= 8 ? kWarpsPerBlock : 1; }
 
-// A (batch, row, head) item per `team` warps (team_of). Each warp of a team computes the merged LSE (lane l holds state l's);
-// warp w sums the outputs of states w, w + team, ..., and the team's sums meet in shared memory.
-// One warp alone per item issues every state's addresses, loads and FMAs in one dependent
-// stream, which was the whole merge's time at batch 1 (benchmarks/results/). kCols: columns
-// per lane (head dims to 32·kCols); a warp loads kBatch states' outputs before it sums any (64
-// values per lane), so that its states of a chunk of 32 cost one memory latency.
+// A (batch, row, head) item per warp, four a CTA: lane l holds state l's LSE (per chunk of 32
+// states) and columns l, l + 32, ... of the output. kCols: columns per lane (head dims to
+// 32·kCols); the warp loads kBatch states' outputs before it sums any (64 values per lane), so
+// that a chunk's states cost one memory latency.
 template <class In, class Out, int kCols, int kBatch = (64 / kCols < 32 ? 64 / kCols : 32)>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) merge_states_kernel(const MergeStatesParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -45,10 +41,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) merge_states_kernel(const
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
   const int lane = threadIdx.x % 32;
-  const int team = team_of(p.states);  // uniform
-  const int warp = threadIdx.x / 32 % team;
-  const int64_t item = int64_t(blockIdx.x) * (kWarpsPerBlock / team) + threadIdx.x / 32 / team;
-  if (item >= int64_t(p.batch) * p.seqlen * p.heads) return;  // team 1 only: no barrier below
+  const int64_t item = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (item >= int64_t(p.batch) * p.seqlen * p.heads) return;
   const int head = int(item % p.heads);
   const int row = int(item / p.heads % p.seqlen);
   const int batch = int(item / p.heads / p.seqlen);
@@ -88,17 +82,17 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) merge_states_kernel(const
   float acc[kCols];
 #pragma unroll
   for (int j = 0; j < kCols; ++j) acc[j] = 0.f;
-  if (lse != -INFINITY) {  // uniform per team
+  if (lse != -INFINITY) {  // uniform per warp
     for (int s0 = 0; s0 < p.states; s0 += 32) {
       const float state_lse = s0 == 0 ? lse_first : lse_at(s0 + lane);
       // 0 for an empty state: its O is not read, so garbage there cannot poison the sum.
       const float lane_weight = state_lse > -INFINITY ? expf(state_lse - lse) : 0.f;
       const int in_chunk = min(32, p.states - s0);
-      for (int j0 = warp; j0 < in_chunk; j0 += team * kBatch) {
+      for (int j0 = 0; j0 < in_chunk; j0 += kBatch) {
         float weight[kBatch], value[kBatch][kCols];
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
-          const int j = j0 + u * team;  // 0 weight past the chunk's last state
+          const int j = j0 + u;  // 0 weight past the chunk's last state
           weight[u] = __shfl_sync(0xffffffffu, lane_weight, j % 32);
           const In* o = j < in_chunk && weight[u] != 0.f ? o_at(s0 + j) : nullptr;
           if (o == nullptr) weight[u] = 0.f;
@@ -116,19 +110,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) merge_states_kernel(const
     }
   }
 
-  if (team > 1) {  // uniform per CTA
-    __shared__ float others[kWarpsPerBlock - 1][kCols * 32];
-    if (warp > 0) {
-#pragma unroll
-      for (int c = 0; c < kCols; ++c) others[warp - 1][lane + 32 * c] = acc[c];
-    }
-    __syncthreads();
-    if (warp > 0) return;
-#pragma unroll
-    for (int c = 0; c < kCols; ++c)
-#pragma unroll
-      for (int w = 0; w < kWarpsPerBlock - 1; ++w) acc[c] += others[w][lane + 32 * c];
-  }
   Out* out = static_cast<Out*>(p.out.o) + batch * p.out.o_batch_stride + row * p.out.o_row_stride +
              head * p.out.o_head_stride;
 #pragma unroll
@@ -260,8 +241,7 @@ template <class In, class Out>
 Status launch(const MergeStatesParams& p, bool after_producer, cudaStream_t stream) {
   const int64_t items = int64_t(p.batch) * p.seqlen * p.heads;
   if (items == 0) return Status{};
-  const int per_block = kWarpsPerBlock / team_of(p.states);
-  const int64_t blocks = (items + per_block - 1) / per_block;
+  const int64_t blocks = (items + kWarpsPerBlock - 1) / kWarpsPerBlock;
   if (blocks > 0x7fffffff) return make_status(StatusCode::kNotSupported, "merge: too many rows (%lld)", (long long)items);
   cudaLaunchAttribute overlap{};
   overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;

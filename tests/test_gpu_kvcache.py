@@ -306,6 +306,22 @@ def test_more_splits_than_one_merge_batch(gen, headdim):
                softmax_scale=0.7 / math.sqrt(headdim))
 
 
+@pytest.mark.parametrize("num_splits", [2, 5, 8, 24])
+@pytest.mark.parametrize("headdim", [128, 112])
+@pytest.mark.parametrize("page_size", [16, None], ids=lambda p: f"page{p or 'less'}")
+def test_split_counts_with_packed_rows(gen, num_splits, headdim, page_size):
+    """Split-KV at even and odd split counts against packed GQA rows (one and three query rows
+    per sequence), a sequence without keys, short ones whose later splits are empty, and a head
+    dim below the kernel's (112 on 128: the splits' parts and the merge write 112 of the 128
+    columns)."""
+    if not _runs(headdim):
+        pytest.skip(f"no Ampere-path kernel of head dim >= {headdim} in this build")
+    cache = Cache(gen, 4, 2048, 2, headdim, DTYPE, page_size)
+    for rows in (1, 3):
+        check_call(cache, _randn(gen, 4, rows, 8, headdim), [2047, 0, 70, 1500], num_splits=num_splits,
+                   softmax_scale=0.7 / math.sqrt(headdim))
+
+
 def test_return_lse_false_and_allocated_out(gen):
     cache = Cache(gen, 2, 128, 2, HEADDIM, DTYPE, 16)
     q = _randn(gen, 2, 1, 8, HEADDIM)
