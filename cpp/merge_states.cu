@@ -37,7 +37,8 @@ constexpr int kWarpsPerBlock = 4;
 template <class In, class Out, int kCols, int kBatch = (64 / kCols < 32 ? 64 / kCols : 32)>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) merge_states_kernel(const MergeStatesParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Launched as the split kernel's programmatic dependent: its parts are complete from here on.
+  // Launched as a programmatic dependent (after_producer), the producer's writes are complete
+  // from here on; after a plain launch this returns at once.
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
   const int lane = threadIdx.x % 32;
