@@ -719,20 +719,14 @@ Status plan_kvcache(const AttentionForwardParams& p, const KVCacheParams& c, Bac
   KernelQuery query = query_of(p);
   query.kv_cache = true;
   query.paged_kv = c.page_table != nullptr;
+  // Splits asked for (num_splits > 1) are the Ampere path's split-KV: such calls are chosen as decoding.
+  query.kv_seqlen_q = c.num_splits > 1 ? 0 : p.seqlen_q;
+  query.page_size = c.page_size;
   KernelChoice choice;
   if (Status s = choose_kernel(query, backend, capability, &choice); !s.ok()) return s;
   run->launch = find_fwd_launcher(choice.backend, p.dtype, choice.headdim, choice.headdim_v);
-  FwdTileQuery tile_query = find_ampere_fwd_tile(p.dtype, choice.headdim);
-  if (run->launch == nullptr || tile_query == nullptr)
+  if (run->launch == nullptr)
     return make_status(StatusCode::kNotSupported, "no launcher for the chosen kernel (head dim %d)", choice.headdim);
-  DeviceGuard guard(p.device);
-  if (!guard.status().ok()) return guard.status();
-  FwdTileInfo tiles_of;
-  if (Status s = tile_query(&tiles_of); !s.ok()) return s;
-  int device = 0, sms = 0;
-  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return cuda_status(err, "cudaGetDevice");
-  if (cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); err != cudaSuccess)
-    return cuda_status(err, "cudaDeviceGetAttribute");
 
   FwdKernelParams k = kernel_params(p);
   k.seqused_k_add = static_cast<int>(c.seqlen_new);
@@ -742,6 +736,25 @@ Status plan_kvcache(const AttentionForwardParams& p, const KVCacheParams& c, Bac
     k.page_divisor = PageDivisor::of(static_cast<int>(c.page_size));
     k.num_pages = static_cast<int>(c.num_pages);
   }
+  // The Hopper path (prefill-sized calls): one pass over the keys, no split and no workspace.
+  if (choice.backend == Backend::kHopper) {
+    k.workspace = nullptr, k.workspace_bytes = 0;
+    k.num_splits = 1;
+    run->kernel = k;
+    run->split = split_kv_layout(0, p.nheads, v_headdim(p), 1);
+    return Status{};
+  }
+  FwdTileQuery tile_query = find_ampere_fwd_tile(p.dtype, choice.headdim);
+  if (tile_query == nullptr)
+    return make_status(StatusCode::kNotSupported, "no launcher for the chosen kernel (head dim %d)", choice.headdim);
+  DeviceGuard guard(p.device);
+  if (!guard.status().ok()) return guard.status();
+  FwdTileInfo tiles_of;
+  if (Status s = tile_query(&tiles_of); !s.ok()) return s;
+  int device = 0, sms = 0;
+  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return cuda_status(err, "cudaGetDevice");
+  if (cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); err != cudaSuccess)
+    return cuda_status(err, "cudaDeviceGetAttribute");
   k = kvcache_packed_view(k, kvcache_packed_heads(k, tiles_of.wide.block_m));
   auto splits_on = [&](const FwdTile& tile) {
     const long long tiles = static_cast<long long>((k.seqlen_q + tile.block_m - 1) / tile.block_m) * k.nheads * k.batch;
@@ -789,8 +802,6 @@ Status attention_with_kvcache(const AttentionForwardParams& given, const KVCache
   const bool attends = p.seqlen_q > 0 && p.nheads > 0;
   if (p.batch == 0 || (!attends && cache.seqlen_new == 0)) return Status{};
   KvCacheRun run;
-  if (!attends && backend == Backend::kHopper)  // the append alone chooses no kernel
-    return make_status(StatusCode::kNotSupported, "backend='hopper': KV-cache calls run on the Ampere-path kernels");
   if (attends) {
     if (Status s = plan_kvcache(p, cache, backend, &run); !s.ok()) return s;
     if (run.split.bytes > 0 && p.workspace == nullptr)

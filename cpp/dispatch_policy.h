@@ -257,6 +257,43 @@ inline Status choose_backward(const KernelCatalogue& c, const KernelQuery& r, Ba
   return choose_forward(c, forward, Backend::kAmpere, capability, chosen);
 }
 
+// Query rows per sequence from which a KV-cache call runs on the Hopper path (measured:
+// benchmarks/results/h100-kvcache-prefill.txt). Below, decoding and short chunks run the
+// Ampere path's kernels, whose split-KV and packed query heads serve few rows.
+constexpr int64_t kKvCacheHopperRows = 128;
+
+// The path a KV-cache call runs on, as a request to choose_forward: the Hopper path for
+// prefill-sized calls on sm90 where it compiles the head dim (exactly, or the Ampere path does
+// not) and its TMA loads read the pages (paged_kernels.h); else the Ampere path, which reads
+// every page size. An explicit 'hopper' is refused for pages its loads cannot read.
+inline Status choose_kvcache(const KernelCatalogue& c, const KernelQuery& r, Backend requested, int capability,
+                             Backend* path) {
+  const int64_t page_size = r.paged_kv ? std::max<int64_t>(r.page_size, 1) : 0;
+  const bool hopper_runs = runs_on(Backend::kHopper, capability) && not_compiled(c, Backend::kHopper, r, true).empty();
+  const auto hopper_kernel = hopper_runs ? kernel_head_dims(c, Backend::kHopper, static_cast<int>(r.headdim),
+                                                            static_cast<int>(r.headdim), false)
+                                         : std::pair<int, int>{0, 0};
+  const bool pages_fit = hopper_kernel.first > 0 &&
+                         hopper_reads_pages(hopper_kernel.first, hopper_kernel.second, page_size);
+  const bool ampere_runs = runs_on(Backend::kAmpere, capability) && not_compiled(c, Backend::kAmpere, r, true).empty();
+  if (hopper_kernel.first > 0 && !pages_fit && (requested == Backend::kHopper || (requested == Backend::kAuto && !ampere_runs)))
+    return refuse("page_table: the Hopper path reads pages of a multiple of 16 keys on kernels of head dims that "
+                  "are multiples of 64 (this call: page size " + std::to_string(page_size) + ", kernel head dim " +
+                  std::to_string(hopper_kernel.first) + ")" +
+                  (ampere_runs ? "; pass backend=None or 'ampere'" : "; this build has no Ampere-path kernel for it"));
+  if (requested != Backend::kAuto) {
+    *path = requested;  // choose_forward names what else is missing
+    return Status{};
+  }
+  const bool prefill = r.kv_seqlen_q >= kKvCacheHopperRows;
+  const bool head_dim_fits = exact(c, Backend::kHopper, static_cast<int>(r.headdim), false) ||
+                             !exact(c, Backend::kAmpere, static_cast<int>(r.headdim), false);
+  const bool hopper = default_backend_of(c, capability) == Backend::kHopper && pages_fit &&
+                      (!ampere_runs || (prefill && head_dim_fits));
+  *path = hopper ? Backend::kHopper : Backend::kAmpere;
+  return Status{};
+}
+
 }  // namespace dispatch_detail
 
 // The path and kernel head dims that run a request on a GPU of `capability`, or the reason none
@@ -273,23 +310,21 @@ inline Status choose_kernel_in(const KernelCatalogue& c, const KernelQuery& quer
     if (requested == Backend::kAuto && capability < 80) return dispatch_detail::too_old(capability);
     return dispatch_detail::choose_fp8(c, r, requested, capability, choice);
   }
-  if (r.kv_cache) {  // paged loads and split-KV live in the Ampere-path forward, on every GPU
-    if (requested == Backend::kHopper)
-      return dispatch_detail::refuse("backend='hopper': KV-cache calls run on the Ampere-path kernels (paged loads, split-KV) on "
-                    "every GPU; pass backend=None or 'ampere'");
+  if (r.kv_cache) {
     if (r.headdim_v != 0 && r.headdim_v != r.headdim)
       return dispatch_detail::refuse("v_cache: head dim " + std::to_string(r.headdim_v) + " differs from q's and k_cache's " +
                     std::to_string(r.headdim) + "; KV-cache calls need one head dim");
     if (requested == Backend::kAuto && capability < 80) return dispatch_detail::too_old(capability);
     r.backward = false;
-    requested = Backend::kAmpere;
+    const Status s = dispatch_detail::choose_kvcache(c, r, requested, capability, &requested);
+    if (!s.ok()) return s;
   }
   Backend chosen = Backend::kAmpere;
   const Status s = r.backward ? dispatch_detail::choose_backward(c, r, requested, capability, &chosen)
                               : dispatch_detail::choose_forward(c, r, requested, capability, &chosen);
   if (!s.ok()) return s;
   auto k = kernel_head_dims(c, chosen, r.headdim, r.headdim_v, r.backward);
-  if (r.kv_cache && r.paged_kv && !has_paged_loads(k.first)) {  // the next kernel up with paged loads
+  if (r.kv_cache && r.paged_kv && chosen == Backend::kAmpere && !has_paged_loads(k.first)) {  // the next kernel up with paged loads
     const auto& dims = c.ampere.head_dims;  // sorted
     const auto it = std::find_if(dims.begin(), dims.end(), [&](int d) { return d >= r.headdim && has_paged_loads(d); });
     if (it == dims.end())

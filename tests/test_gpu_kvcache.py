@@ -42,7 +42,8 @@ pytestmark = [
     pytest.mark.skipif(not _has_kvcache(), reason="this build of flashcute._C has no kvcache_forward"),
 ]
 
-# The KV-cache kernels are the Ampere path's (sm80 and newer, H100/H200 included).
+# Decoding runs the Ampere path's kernels (sm80 and newer, H100/H200 included); prefill on
+# sm90 the Hopper path's (test_gpu_kvcache_hopper.py).
 _AMPERE = SUPPORT.get("ampere", ([], []))
 DTYPES = [d for d in ("float16", "bfloat16") if d in _AMPERE[1]] or ["bfloat16"]
 DTYPE = "bfloat16" if "bfloat16" in DTYPES else DTYPES[0]
@@ -128,7 +129,7 @@ def _same_nan(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def check_call(cache: Cache, q, lengths, *, k_new=None, v_new=None, cu_seqlens_q=None,
-               max_seqlen_q=None, num_splits=0, return_lse=True, **mask):
+               max_seqlen_q=None, num_splits=0, return_lse=True, backend=None, **mask):
     """Run attention_with_kvcache into a NaN-filled out= and check out, lse and the cache
     against the float64 reference. ``mask``: causal, window, softcap, alibi_slopes,
     softmax_scale. Returns (out, lse)."""
@@ -144,7 +145,7 @@ def check_call(cache: Cache, q, lengths, *, k_new=None, v_new=None, cu_seqlens_q
     result = flashcute.attention_with_kvcache(
         q, cache.k, cache.v, cache_seqlens=seqlens, page_table=cache.table, k_new=k_new,
         v_new=v_new, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
-        num_splits=num_splits, return_lse=return_lse, out=out, **mask)
+        num_splits=num_splits, return_lse=return_lse, out=out, backend=backend, **mask)
     torch.cuda.synchronize()
     result, lse = result if return_lse else (result, None)
     assert result is out

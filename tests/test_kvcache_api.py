@@ -335,12 +335,12 @@ class KVCacheRecordingExtension(VarlenRecordingExtension):
 
     def kvcache_plan(self, batch, seqlen_q, nheads, nheads_kv, headdim, headdim_v, max_seqlen_k,
                      num_splits, total_q, dtype, causal, window_left, window_right, alibi, device,
-                     backend, paged=False):
+                     backend, page_size=0):
         self.calls.append(("kvcache_plan", dict(
             batch=batch, seqlen_q=seqlen_q, heads=(nheads, nheads_kv), headdims=(headdim, headdim_v),
             max_seqlen_k=max_seqlen_k, num_splits=num_splits, total_q=total_q, dtype=dtype,
             causal=causal, window=(window_left, window_right), alibi=alibi, device=device,
-            backend=backend, paged=paged)))
+            backend=backend, page_size=page_size)))
         splits = num_splits or self.splits
         return splits, self.workspace if splits > 1 else 0
 
@@ -435,7 +435,7 @@ def test_paged_decode_with_appends(ext, route):
     (plan,) = ext.of("kvcache_plan")
     assert plan == dict(batch=2, seqlen_q=3, heads=(4, 2), headdims=(64, 64), max_seqlen_k=12,
                         num_splits=0, total_q=-1, dtype="bfloat16", causal=True, window=(6, 0),
-                        alibi=False, device=0, backend=ext.BACKEND_AUTO, paged=True)
+                        alibi=False, device=0, backend=ext.BACKEND_AUTO, page_size=4)
     (call,) = ext.of("kvcache_forward")
     assert call["num_splits"] == 4 and call["shapes"]["workspace"] == (4096,)
     assert call["cache_seqlens"] == [5, 3] and call["page_table"] == [[4, 0, 2], [5, 1, 3]]

@@ -514,7 +514,7 @@ void kvcache_forward(Tensor q, Tensor k_cache, Tensor v_cache, MutableTensor out
 std::tuple<int64_t, size_t> kvcache_plan(int64_t batch, int64_t seqlen_q, int64_t nheads, int64_t nheads_kv,
                                          int64_t headdim, int64_t headdim_v, int64_t max_seqlen_k, int64_t num_splits,
                                          int64_t total_q, const std::string& dtype, bool causal, int64_t window_left,
-                                         int64_t window_right, bool alibi, int device, int backend, bool paged) {
+                                         int64_t window_right, bool alibi, int device, int backend, int64_t page_size) {
   static const int32_t kNotRead = 0;
   KvCacheCall call;
   auto& p = call.p;
@@ -529,9 +529,10 @@ std::tuple<int64_t, size_t> kvcache_plan(int64_t batch, int64_t seqlen_q, int64_
   p.device = device;
   call.c.cache_seqlens = &kNotRead;
   call.c.num_splits = num_splits;
-  if (paged) {  // the plan's kernel depends on it (paged_kernels.h); sizes stand in for the cache's
+  if (page_size > 0) {  // the plan's kernel depends on it (paged_kernels.h); the table is not read
     call.c.page_table = &kNotRead;
-    call.c.page_size = 1, call.c.num_pages = 1, call.c.max_pages = std::max<int64_t>(max_seqlen_k, 1);
+    call.c.page_size = page_size, call.c.num_pages = 1;
+    call.c.max_pages = std::max<int64_t>((max_seqlen_k + page_size - 1) / page_size, 1);
   }
   int64_t splits = 1;
   size_t bytes = 0;
@@ -729,11 +730,14 @@ flashcute::KernelCatalogue catalogue_of(const nb::dict& build) {
 
 std::tuple<int, int, int> choose_kernel_in(const nb::dict& build, int backend, int capability, int64_t headdim,
                                            int64_t headdim_v, const std::string& dtype, bool backward,
-                                           bool deterministic) {
+                                           bool deterministic, bool kv_cache, int64_t kv_seqlen_q,
+                                           int64_t page_size) {
   flashcute::KernelChoice choice;
-  raise_on_error(flashcute::choose_kernel_in(catalogue_of(build),
-                                             kernel_query(headdim, headdim_v, dtype, backward, deterministic),
-                                             static_cast<flashcute::Backend>(backend), capability, &choice));
+  flashcute::KernelQuery query = kernel_query(headdim, headdim_v, dtype, backward, deterministic);
+  query.kv_cache = kv_cache, query.kv_seqlen_q = kv_seqlen_q;
+  query.paged_kv = page_size > 0, query.page_size = page_size;
+  raise_on_error(flashcute::choose_kernel_in(catalogue_of(build), query, static_cast<flashcute::Backend>(backend),
+                                             capability, &choice));
   return {static_cast<int>(choice.backend), choice.headdim, choice.headdim_v};
 }
 
@@ -837,9 +841,10 @@ NB_MODULE(_C, m) {
   m.def("kvcache_plan", &kvcache_plan, nb::arg("batch"), nb::arg("seqlen_q"), nb::arg("nheads"), nb::arg("nheads_kv"),
         nb::arg("headdim"), nb::arg("headdim_v"), nb::arg("max_seqlen_k"), nb::arg("num_splits"), nb::arg("total_q"),
         nb::arg("dtype"), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"), nb::arg("alibi"),
-        nb::arg("device"), nb::arg("backend"), nb::arg("paged") = false,
+        nb::arg("device"), nb::arg("backend"), nb::arg("page_size") = 0,
         "(num_splits, workspace bytes) of a KV-cache call; max_seqlen_k: the cache's capacity in keys; "
-        "total_q >= 0 with cu_seqlens_q, else -1; num_splits 0 asks for the heuristic; paged: a page table.");
+        "total_q >= 0 with cu_seqlens_q, else -1; num_splits 0 asks for the heuristic; page_size: a paged "
+        "cache's (0: contiguous).");
   m.def("merge_states", &merge_states, nb::arg("out_a"), nb::arg("lse_a"), nb::arg("out_b"), nb::arg("lse_b"),
         nb::arg("out"), nb::arg("lse"), nb::arg("stream"),
         "Merges two attention states (out, lse) of the same rows over disjoint keys into out and lse.");
@@ -894,7 +899,10 @@ NB_MODULE(_C, m) {
         "RuntimeError: a GPU older than sm80.");
   m.def("_choose_kernel_in", &choose_kernel_in, nb::arg("build"), nb::arg("backend"), nb::arg("capability"),
         nb::arg("headdim"), nb::arg("headdim_v") = 0, nb::arg("dtype") = "", nb::arg("backward") = false,
-        nb::arg("deterministic") = false, "Test hook: choose_kernel on a stand-in build's catalogue.");
+        nb::arg("deterministic") = false, nb::arg("kv_cache") = false, nb::arg("kv_seqlen_q") = 0,
+        nb::arg("page_size") = 0,
+        "Test hook: choose_kernel on a stand-in build's catalogue (kv_cache: an attention_with_kvcache call "
+        "of kv_seqlen_q query rows per sequence, paged where page_size > 0).");
   m.def("device_capability", &device_capability, nb::arg("device"),
         "Compute capability of a CUDA device as major*10+minor.");
   m.def(

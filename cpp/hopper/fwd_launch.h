@@ -10,6 +10,7 @@
 
 #include "hopper/dependent_launch.h"
 #include "hopper/fwd_kernel.h"
+#include "hopper/fwd_paged_kv.h"
 #include "hopper/fwd_split_plan.h"
 #include "hopper/fwd_traits.h"
 #include "launch_status.h"
@@ -129,10 +130,13 @@ Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
   const int q_rows = std::max(packed_q ? p.total_q : call.seqlen_q, 1);
   const int q_batches = packed_q ? 1 : p.batch;
   // No keys: the K/V descriptors still need a valid shape; no K/V tile is ever loaded then.
-  const int k_rows = packed_k ? p.total_k : p.seqlen_k;
+  // A paged cache (kv_rows.h): its maps span (page_size rows, page) where a batch's would span
+  // (seqlen_k, batch); loads go through the paged maps below.
+  const bool paged = p.page_table != nullptr;
+  const int k_rows = packed_k ? p.total_k : paged ? p.page_divisor.divisor : p.seqlen_k;
   const bool no_keys = p.seqlen_k == 0 || k_rows == 0;
   kp.tma_seqlen_k = no_keys ? 1 : k_rows;
-  const int k_batches = no_keys ? q_batches : packed_k ? 1 : p.batch;
+  const int k_batches = no_keys ? q_batches : packed_k ? 1 : paged ? p.num_pages : p.batch;
   const auto* q = static_cast<const ElementQK*>(p.q);
   const auto* k = no_keys ? q : static_cast<const ElementQK*>(p.k);
   // No keys: V's map then spans Q's rows (never loaded), as K's does.
@@ -167,6 +171,25 @@ Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
                                                       call.nheads, q_batches, p.out_row_stride, p.out_head_stride,
                                                       p.out_batch_stride),
                            slayout_o, typename Traits::TileO{}, _1{});
+  if (paged) {
+    if constexpr (kReadsPages<Traits>) {
+      kp.paged_box_rows = paged_box_rows<Traits::kBlockN>(p.page_divisor.divisor);
+      if (kp.paged_box_rows == 0)
+        return make_status(StatusCode::kNotSupported, "page_table: the Hopper path needs a page size that is a "
+                           "multiple of 16 (got %d)", p.page_divisor.divisor);
+      if (Status s = encode_paged_kv<ElementQK>(&kp.tma_k_paged, k, headdim, k_rows, kv_heads, p.num_pages,
+                                                 k_strides[0], k_strides[1], k_strides[2], kp.paged_box_rows);
+          !s.ok())
+        return s;
+      if (Status s = encode_paged_kv<ElementV>(&kp.tma_v_paged, v, headdim_v, k_rows, kv_heads, p.num_pages,
+                                                v_strides[0], v_strides[1], v_strides[2], kp.paged_box_rows);
+          !s.ok())
+        return s;
+    } else {
+      return make_status(StatusCode::kNotSupported, "page_table: the Hopper path reads paged caches on 16-bit "
+                         "kernels of head dims that are multiples of 64 (this one: %d, %d)", kHeadDim, kHeadDimV);
+    }
+  }
   kp.packed_heads = packed;
   if (packed > 1) {
     if (Status s = encode_packed_rows<ElementQK>(&kp.tma_q_packed, q, headdim, packed, call.seqlen_q, kv_heads, p.batch,

@@ -8,6 +8,7 @@
 #include "hopper/tile_scheduler.h"
 #include "kernel_params.h"
 #include "mask.h"
+#include "paged_kernels.h"
 #include "seq_view.h"
 
 namespace flashcute::hopper {
@@ -37,7 +38,17 @@ struct FwdParams {
   int packed_heads;
   cute::TmaDescriptor tma_q_packed;
   cute::TmaDescriptor tma_o_packed;
+  // A paged KV cache (args.page_table not null): K and V through these tensor maps, boxes of
+  // paged_box_rows keys inside one page (fwd_paged_kv.h).
+  cute::TmaDescriptor tma_k_paged;
+  cute::TmaDescriptor tma_v_paged;
+  int paged_box_rows;
 };
+
+// Kernels that read paged KV caches (paged_kernels.h): 16-bit ones of whole 64-column slabs.
+template <class Traits>
+constexpr bool kReadsPages =
+    !Traits::kTransposesV && Traits::kBlockN % 16 == 0 && hopper_reads_pages(Traits::kHeadDim, Traits::kHeadDimV, 16);
 
 // Head dims whose calls may pack query heads (fwd_packed_heads): whole 128-byte swizzle columns.
 template <class Traits>

@@ -8,12 +8,15 @@
 // them; a piece of a split tile (tile_scheduler.h) loads its own key blocks only. In a
 // variable-length batch a tile's rows and keys are its sequence's (seq_view.h): packed sides
 // are read at the sequence's start, and tiles past the sequence's query rows are skipped
-// (causal pairs and row shift per sequence: seq_tile, fwd_params.h).
+// (causal pairs and row shift per sequence: seq_tile, fwd_params.h). A paged KV cache's blocks
+// come box by box from their pages (fwd_paged_kv.h).
 #pragma once
 
 #include <cute/tensor.hpp>
 
+#include "hopper/fwd_paged_kv.h"
 #include "hopper/fwd_params.h"
+#include "kv_rows.h"
 #include "mask.h"
 #include "seq_view.h"
 
@@ -64,10 +67,36 @@ CUTE_DEVICE void produce_fwd(FwdParams<Traits> const& params, typename Traits::S
                                                typename Traits::TileK{}, make_coord(_, _0{})));  // (TMA, ..., key block)
     Tensor tVgV = tma_v.partition_S(local_tile(domain_offset(make_coord(view.k_start, _0{}), mV(_, _, kv_head, k_batch)),
                                                typename Traits::TileV{}, make_coord(_, _0{})));
+    const KvRows kv_rows = KvRows::of(args, tile.batch);
+    using Pages = PagedBlock<Traits::kBlockN>;
+    // A paged cache's table entries for key block n (fwd_paged_kv.h), read before the wait.
+    auto read_pages = [&](int n) {
+      Pages pages{};
+      if constexpr (kReadsPages<Traits>)
+        if (kv_rows.paged()) pages = Pages::read(kv_rows, n, params.paged_box_rows, args.seqlen_k);
+      return pages;
+    };
+    // Key block n of a paged cache into stage `stage` of K's or V's buffer; false: not paged.
+    auto load_paged = [&](bool values, uint64_t* barrier, int stage, Pages const& pages) {
+      if constexpr (kReadsPages<Traits>) {
+        if (kv_rows.paged()) {
+          if (values)
+            load_paged_block<typename Traits::SmemLayoutV, Traits::kBlockN, Traits::kHeadDimV>(
+                params.tma_v_paged, barrier, storage.v.data(), stage, kv_rows, pages, kv_head);
+          else
+            load_paged_block<typename Traits::SmemLayoutK, Traits::kBlockN, Traits::kHeadDim>(
+                params.tma_k_paged, barrier, storage.k.data(), stage, kv_rows, pages, kv_head);
+          return true;
+        }
+      }
+      return false;
+    };
     auto load_k = [&](int n) {
+      const Pages pages = read_pages(n);
       pipeline_k.producer_acquire(k_state);
-      copy(params.tma_k.with(*pipeline_k.producer_get_barrier(k_state)), tKgK(_, _, _, n),
-           tKsK(_, _, _, k_state.index()));
+      uint64_t* barrier = pipeline_k.producer_get_barrier(k_state);
+      if (!load_paged(false, barrier, k_state.index(), pages))
+        copy(params.tma_k.with(*barrier), tKgK(_, _, _, n), tKsK(_, _, _, k_state.index()));
       ++k_state;
     };
     // O staged in V's buffer: the previous tile's O stores must have read it (one phase per tile).
@@ -77,10 +106,12 @@ CUTE_DEVICE void produce_fwd(FwdParams<Traits> const& params, typename Traits::S
       o_buffer_free = true;
     };
     auto load_v = [&](int n) {
+      const Pages pages = read_pages(n);
       wait_o_buffer();
       pipeline_v.producer_acquire(v_state);
-      copy(params.tma_v.with(*pipeline_v.producer_get_barrier(v_state)), tVgV(_, _, _, n),
-           tVsV(_, _, _, v_state.index()));
+      uint64_t* barrier = pipeline_v.producer_get_barrier(v_state);
+      if (!load_paged(true, barrier, v_state.index(), pages))
+        copy(params.tma_v.with(*barrier), tVgV(_, _, _, n), tVsV(_, _, _, v_state.index()));
       ++v_state;
     };
 

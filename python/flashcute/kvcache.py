@@ -47,7 +47,7 @@ def kvcache_plan(
         problem.headdim_v, problem.capacity,
         problem.num_splits if num_splits is None else num_splits, problem.total_q,
         problem.dtype, causal, problem.window_left, problem.window_right, problem.alibi,
-        problem.device_id, code, problem.pages is not None,
+        problem.device_id, code, problem.pages[1] if problem.pages is not None else 0,
     )
     return int(splits), int(nbytes)
 
@@ -115,8 +115,9 @@ def attention_with_kvcache(
             (nheads, total_q) with ``cu_seqlens_q``.
         out: optional tensor of q's shape and dtype to write into (not for jax arrays); it is
             returned.
-        backend: None (the library chooses), "ampere" or "hopper" (the library refuses a path
-            that has no KV-cache kernel).
+        backend: None (the library chooses: on sm90 the Hopper path from 128 query rows per
+            sequence where its loads read the pages, else the Ampere path), "ampere" or
+            "hopper" (refused for pages that are not a multiple of 16 keys).
 
     The values of ``cache_seqlens``, ``page_table`` and ``cu_seqlens_q`` are read only on the
     device, where the kernels clamp them into the tensors: values that break the rules above

@@ -5,7 +5,8 @@
 Small ``attention_with_kvcache`` calls, well-formed ones first (head dims 64, 72 and 128, the
 last also on the narrow split-KV tile of sm90; page sizes 1, 16 and 64 and a contiguous cache,
 appends across page boundaries, GQA and MQA, causal, window, softcap, ALiBi, packed queries,
-split-KV with 1, 3, 64 and the heuristic's splits), then a fuzzed corpus of the values the
+split-KV with 1, 3, 64 and the heuristic's splits; on sm90, prefill on the Hopper path with
+its paged TMA loads), then a fuzzed corpus of the values the
 host never reads and the kernels must clamp: page ids below 0, at or beyond num_pages and
 near 2^31; cache_seqlens below 0, beyond the table's capacity and near 2^31, with and without
 appends (which must not write outside the cache); packed-query offsets that break the rules.
@@ -128,6 +129,7 @@ def kvcache_calls(seed: int = 0) -> int:
                                     _fuzzed_table(max_pages, rng), new, num_splits=rng.choice((0, 2)))
                             count += 1
         count += _varlen_calls(dtype, rng, gen)
+        count += _hopper_prefill_calls(dtype, rng, gen)
     count += _merge_calls(gen)
     torch.cuda.synchronize()
     return count
@@ -159,6 +161,36 @@ def _varlen_calls(dtype: torch.dtype, rng: random.Random, gen: torch.Generator) 
                 cu_seqlens_q=torch.tensor(offsets, dtype=torch.int32, device="cuda"),
                 max_seqlen_q=max_q, causal=causal, num_splits=(0, 3)[count % 2], return_lse=True)
             count += 1
+    return count
+
+
+def _hopper_prefill_calls(dtype: torch.dtype, rng: random.Random, gen: torch.Generator) -> int:
+    """Prefill on the Hopper path (sm90 builds with it only): 130 query rows with and without
+    appends against contiguous caches and pages of 16 and 64 keys (TMA boxes from the table's
+    pages), head dims 64, 128 and 256, over the fuzzed lengths and page ids."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        return 0
+    hopper = flashcute.build_info()["backends"]["hopper"]
+    count = 0
+    for headdim in (64, 128, 256):
+        if headdim not in hopper["head_dims"] or str(dtype).split(".")[-1] not in hopper["dtypes"]:
+            continue
+        for page_size in (16, 64, None):
+            k, v, max_pages = _cache(page_size, headdim, dtype, gen)
+            capacity = CAPACITY if max_pages is None else max_pages * page_size
+            q = torch.randn(BATCH, 130, 4, headdim, device="cuda", dtype=dtype, generator=gen)
+            for seqlen_new in (0, 3):
+                new = None
+                if seqlen_new:
+                    new = tuple(torch.randn(BATCH, seqlen_new, NHEADS_KV, headdim, device="cuda",
+                                            dtype=dtype, generator=gen) for _ in range(2))
+                for i, seqlens in enumerate(seqlens_corpus(capacity, seqlen_new)):
+                    table = None
+                    if max_pages is not None:
+                        table = _well_formed_table(max_pages, rng) if i < 2 else _fuzzed_table(max_pages, rng)
+                    mask = _mask(MASKS[count % len(MASKS)], 4, gen)
+                    _launch(q, k, v, seqlens, table, new, backend="hopper", **mask)
+                    count += 1
     return count
 
 

@@ -303,8 +303,13 @@ struct KernelQuery {
   bool any_dtype = false;  // true: dtype is not asked about
   bool backward = false;
   bool deterministic = false;  // backward only
-  bool kv_cache = false;       // attention_with_kvcache (forward): the Ampere-path kernels
-  bool paged_kv = false;       // with a page table: a kernel of head dim above 64 (paged loads)
+  bool kv_cache = false;       // attention_with_kvcache (forward)
+  bool paged_kv = false;       // with a page table
+  // KV-cache calls: query rows per sequence (max_seqlen_q where packed) and the page size (0:
+  // contiguous cache). Prefill-sized calls run on the Hopper path where its TMA loads fit the
+  // pages; decoding runs the Ampere path's split-KV kernels (see choose_kernel).
+  int64_t kv_seqlen_q = 0;
+  int64_t page_size = 0;
 };
 
 // The compiled kernel that runs a call.

@@ -1,0 +1,131 @@
+"""``attention_with_kvcache`` prefill on the Hopper path (sm90): contiguous caches and paged
+ones whose pages its TMA boxes read (multiples of 16 keys), against the float64 reference, with
+test_gpu_kvcache.py's checks (NaN-poisoned slots and outputs, the cache after the append);
+pages of other sizes run on the Ampere path.
+
+Calls pass backend="hopper" so that every page size and shape here runs that path; the
+library's own choice (prefill from 128 query rows per sequence) runs the same calls again with
+backend=None.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import flashcute  # noqa: E402
+from test_gpu_forward import SUPPORT  # noqa: E402
+from test_gpu_kvcache import DEVICE, Cache, _int32, _new, _randn, check_call, gen  # noqa: E402,F401
+
+_HOPPER = SUPPORT.get("hopper", ([], []))
+
+
+def _on_sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not _on_sm90() or not _HOPPER[0], reason="needs the Hopper path on an sm90 GPU"),
+]
+
+DTYPE = "bfloat16" if "bfloat16" in _HOPPER[1] else (_HOPPER[1] or ["bfloat16"])[0]
+
+
+def _kernel(headdim: int) -> int:
+    return min((d for d in _HOPPER[0] if d >= headdim), default=0)
+
+
+def _need(headdim: int) -> None:
+    if not _kernel(headdim):
+        pytest.skip(f"no Hopper-path kernel of head dim >= {headdim} in this build")
+
+
+PAGES = [None, 16, 64, 256]
+
+
+@pytest.mark.parametrize("page_size", PAGES, ids=lambda p: f"page{p or 'less'}")
+@pytest.mark.parametrize("heads", [(8, 2), (4, 1)], ids=["gqa4", "mqa"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_prefill_with_appends(gen, page_size, heads, causal):
+    """130 query rows and 130 appended keys per sequence (crossing pages), against caches
+    from empty to full, on both the explicit and the chosen path."""
+    _need(128)
+    nheads, nheads_kv = heads
+    seqlen_q = 130
+    cache = Cache(gen, 5, 700, nheads_kv, 128, DTYPE, page_size)
+    top, step = cache.capacity - seqlen_q, page_size or 16
+    lengths = [0, step - 1, top // 2, top - 1, top]
+    q = _randn(gen, 5, seqlen_q, nheads, 128, dtype=DTYPE)
+    for backend in ("hopper", None):
+        k_new, v_new = _new(gen, 5, seqlen_q, nheads_kv, dtype=DTYPE)
+        check_call(cache, q, lengths, k_new=k_new, v_new=v_new, causal=causal, backend=backend)
+
+
+@pytest.mark.parametrize("page_size", [None, 16, 48, 256], ids=lambda p: f"page{p or 'less'}")
+@pytest.mark.parametrize("headdim", [64, 112, 128, 192, 256, 96])
+def test_head_dims(gen, page_size, headdim):
+    """Every kernel head dim, one rounded up (112 on 128), pages of 48 keys (boxes of 16 rows,
+    blocks across pages); head dim 96 contiguous only (paged, it runs on the Ampere path)."""
+    _need(headdim)
+    if page_size is not None and (_kernel(headdim) % 64 != 0):
+        pytest.skip("paged caches of this kernel run on the Ampere path")
+    cache = Cache(gen, 3, 520, 2, headdim, DTYPE, page_size)
+    q = _randn(gen, 3, 197, 6, headdim, dtype=DTYPE)
+    check_call(cache, q, [0, 261, cache.capacity], causal=True, backend="hopper",
+               softmax_scale=0.7 / math.sqrt(headdim))
+    fresh = Cache(gen, 3, 520, 2, headdim, DTYPE, page_size)  # the first call left NaN behind
+    check_call(fresh, q, [fresh.capacity, 5, 300], backend="hopper")
+
+
+@pytest.mark.parametrize("page_size", [None, 16], ids=lambda p: f"page{p or 'less'}")
+@pytest.mark.parametrize("mask", [
+    dict(causal=True, window=(100, 0)), dict(window=(60, 30)), dict(softcap=30.0),
+    dict(causal=True, window=(150, 0), softcap=15.0),
+], ids=["causal_window", "window_both_sides", "softcap", "causal_window_softcap"])
+def test_window_and_softcap(gen, page_size, mask):
+    _need(128)
+    cache = Cache(gen, 4, 600, 2, 128, DTYPE, page_size)
+    q = _randn(gen, 4, 150, 8, 128, dtype=DTYPE)
+    k_new, v_new = _new(gen, 4, 20, 2, dtype=DTYPE)
+    check_call(cache, q, [0, 17, 400, cache.capacity - 20], k_new=k_new, v_new=v_new,
+               backend="hopper", **mask)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_alibi(gen, causal):
+    _need(128)
+    cache = Cache(gen, 3, 512, 2, 128, DTYPE, 64)
+    slopes = torch.rand(3, 8, generator=gen, device=DEVICE) * 0.3
+    q = _randn(gen, 3, 140, 8, 128, dtype=DTYPE)
+    check_call(cache, q, [150, 0, 512], causal=causal, alibi_slopes=slopes, backend="hopper")
+
+
+@pytest.mark.parametrize("page_size", [None, 16, 64], ids=lambda p: f"page{p or 'less'}")
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_chunked_prefill(gen, page_size, causal):
+    """Chunks of 1, 237, 0, 130 and 5 queries whose keys are already in the cache."""
+    _need(128)
+    chunks = [1, 237, 0, 130, 5]
+    lengths = [1, 237 + 200, 64, 130, 5 + 511]
+    cache = Cache(gen, len(chunks), 520, 2, 128, DTYPE, page_size)
+    offsets = [0]
+    for n in chunks:
+        offsets.append(offsets[-1] + n)
+    q = _randn(gen, offsets[-1], 8, 128, dtype=DTYPE)
+    for backend in ("hopper", None):
+        check_call(cache, q, lengths, cu_seqlens_q=_int32(offsets), max_seqlen_q=max(chunks),
+                   causal=causal, backend=backend)
+
+
+def test_pages_the_hopper_loads_cannot_read_are_refused(gen):
+    _need(128)
+    cache = Cache(gen, 2, 64, 2, 128, DTYPE, 12)
+    q = _randn(gen, 2, 128, 4, 128, dtype=DTYPE)
+    with pytest.raises(ValueError, match=r"^page_table: the Hopper path reads pages of a multiple of 16"):
+        flashcute.attention_with_kvcache(q, cache.k, cache.v, cache_seqlens=_int32([3, 4]),
+                                         page_table=cache.table, backend="hopper")
+    check_call(cache, q, [3, 60])  # the library's choice: the Ampere path

@@ -1,0 +1,82 @@
+"""Which path runs an ``attention_with_kvcache`` call: the library's dispatch policy
+(``_C._choose_kernel_in``) on stand-in builds, without a GPU.
+
+Prefill-sized calls (128 query rows per sequence or more) run on the Hopper path on sm90,
+contiguous or with pages that its TMA boxes read (multiples of 16 keys, kernels of head dims that
+are multiples of 64); decoding, other page sizes and other GPUs run the Ampere path's kernels."""
+
+from __future__ import annotations
+
+import pytest
+
+_C = pytest.importorskip("flashcute._C")
+
+BOTH = {
+    path: {"head_dims": [64, 96, 128, 192, 256], "backward_head_dims": [64, 128, 256],
+           "dtypes": ["float16", "bfloat16"]}
+    for path in ("ampere", "hopper")
+}
+AMPERE, HOPPER, AUTO = _C.BACKEND_AMPERE, _C.BACKEND_HOPPER, _C.BACKEND_AUTO
+
+
+def choose(build=None, backend=AUTO, capability=90, headdim=128, seqlen_q=1, page_size=0):
+    """(path code, kernel head dim) of a bf16 KV-cache call."""
+    code, d, _ = _C._choose_kernel_in(build or BOTH, backend, capability, headdim, 0, "bfloat16",
+                                      kv_cache=True, kv_seqlen_q=seqlen_q, page_size=page_size)
+    return code, d
+
+
+@pytest.mark.parametrize("page_size", [0, 16, 48, 64, 256, 4096])
+def test_prefill_runs_on_the_hopper_path(page_size):
+    assert choose(seqlen_q=128, page_size=page_size) == (HOPPER, 128)
+    assert choose(seqlen_q=4096, page_size=page_size, headdim=256) == (HOPPER, 256)
+
+
+@pytest.mark.parametrize("seqlen_q", [1, 4, 8, 127])
+def test_decoding_runs_on_the_ampere_path(seqlen_q):
+    assert choose(seqlen_q=seqlen_q) == (AMPERE, 128)
+    assert choose(seqlen_q=seqlen_q, page_size=16) == (AMPERE, 128)
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 8, 12, 24, 100])
+def test_pages_the_hopper_loads_cannot_read_run_on_the_ampere_path(page_size):
+    assert choose(seqlen_q=1024, page_size=page_size) == (AMPERE, 128)
+    with pytest.raises(ValueError, match=r"^page_table: the Hopper path reads pages of a multiple of 16"):
+        choose(backend=HOPPER, seqlen_q=1024, page_size=page_size)
+
+
+def test_head_dims_off_the_64_column_slabs_read_pages_on_the_ampere_path():
+    assert choose(seqlen_q=1024, headdim=96) == (HOPPER, 96)  # contiguous: any kernel
+    assert choose(seqlen_q=1024, headdim=96, page_size=16) == (AMPERE, 96)
+    assert choose(seqlen_q=1024, headdim=80, page_size=16) == (AMPERE, 96)
+    assert choose(seqlen_q=1024, headdim=112, page_size=16) == (HOPPER, 128)  # rounded on both paths
+
+
+@pytest.mark.parametrize("capability", [80, 86, 89])
+def test_other_gpus_run_the_ampere_path(capability):
+    assert choose(capability=capability, seqlen_q=4096) == (AMPERE, 128)
+    with pytest.raises(ValueError, match=r"^backend='hopper'.*sm90"):
+        choose(capability=capability, backend=HOPPER, seqlen_q=4096)
+
+
+def test_explicit_paths_are_taken():
+    assert choose(backend=HOPPER, seqlen_q=1) == (HOPPER, 128)
+    assert choose(backend=HOPPER, seqlen_q=1, page_size=16) == (HOPPER, 128)
+    assert choose(backend=AMPERE, seqlen_q=4096) == (AMPERE, 128)
+
+
+def test_one_path_builds():
+    hopper_only = {"ampere": {"head_dims": [], "backward_head_dims": [], "dtypes": []},
+                   "hopper": BOTH["hopper"]}
+    assert choose(hopper_only, seqlen_q=1) == (HOPPER, 128)
+    with pytest.raises(ValueError, match=r"^page_table: .* no Ampere-path kernel"):
+        choose(hopper_only, seqlen_q=4096, page_size=1)
+    ampere_only = {"ampere": BOTH["ampere"],
+                   "hopper": {"head_dims": [], "backward_head_dims": [], "dtypes": []}}
+    assert choose(ampere_only, seqlen_q=4096, page_size=16) == (AMPERE, 128)
+
+
+def test_a_head_dim_compiled_exactly_on_the_ampere_path_only_stays_there():
+    build = {"ampere": dict(BOTH["ampere"], head_dims=[64, 80, 128]), "hopper": BOTH["hopper"]}
+    assert choose(build, seqlen_q=4096, headdim=80) == (AMPERE, 80)
+    assert choose(build, seqlen_q=4096, headdim=128) == (HOPPER, 128)
