@@ -740,8 +740,7 @@ Status plan_kvcache(const AttentionForwardParams& p, const KVCacheParams& c, Bac
   if (choice.backend == Backend::kHopper) {
     k.workspace = nullptr, k.workspace_bytes = 0;
     k.num_splits = 1;
-    run->kernel = k;
-    run->split = split_kv_layout(0, p.nheads, v_headdim(p), 1);
+    run->kernel = k;  // run->split stays empty
     return Status{};
   }
   FwdTileQuery tile_query = find_ampere_fwd_tile(p.dtype, choice.headdim);
