@@ -13,6 +13,7 @@
 #include "hopper/fwd_paged_kv.h"
 #include "hopper/fwd_split_plan.h"
 #include "hopper/fwd_traits.h"
+#include "hopper/tensor_map.h"
 #include "launch_status.h"
 
 namespace flashcute::hopper {
@@ -49,24 +50,10 @@ inline int head_group_size(const FwdKernelParams& p, int block_m, int headdim, i
 template <class Element>
 Status encode_packed_rows(cute::TmaDescriptor* map, const void* ptr, int headdim, int group, int seqlen, int kv_heads,
                           int batch, int64_t row_stride, int64_t head_stride, int64_t batch_stride) {
-  constexpr int64_t kBytes = sizeof(Element);
-  cuuint64_t dims[5] = {cuuint64_t(headdim), cuuint64_t(group), cuuint64_t(seqlen), cuuint64_t(kv_heads),
-                        cuuint64_t(batch)};
-  // Byte strides of dims 1-4; a dimension of extent 1 is never stepped, so any 16-byte
-  // multiple stands in for its stride.
-  auto stride_of = [&](int64_t elems, int extent) { return cuuint64_t(extent > 1 ? elems * kBytes : 16); };
-  cuuint64_t strides[4] = {stride_of(head_stride, group), stride_of(row_stride, seqlen),
-                           stride_of(head_stride * group, kv_heads), stride_of(batch_stride, batch)};
-  cuuint32_t box[5] = {64, cuuint32_t(group), cuuint32_t(64 / group), 1, 1};
-  cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
-  const CUresult result = CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(
-      map, cute::TMA::to_CUtensorMapDataType<Element>(), 5, const_cast<void*>(ptr), dims, strides, box,
-      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (result != CUDA_SUCCESS)
-    return make_status(StatusCode::kCudaError, "cuTensorMapEncodeTiled (packed query heads) failed: %d",
-                       static_cast<int>(result));
-  return Status{};
+  const int64_t extents[5] = {headdim, group, seqlen, kv_heads, batch};
+  const int64_t strides[4] = {head_stride, row_stride, head_stride * group, batch_stride};
+  const uint32_t box[5] = {64, uint32_t(group), uint32_t(64 / group), 1, 1};
+  return encode_swizzled_map<Element>(map, ptr, extents, strides, box, "packed query heads");
 }
 
 template <class Element, int kHeadDim, bool kSecondTile, int kHeadDimV>

@@ -14,8 +14,8 @@
 #include <numeric>
 
 #include <cute/tensor.hpp>
-#include <cutlass/cuda_host_adapter.hpp>
 
+#include "hopper/tensor_map.h"
 #include "kv_rows.h"
 #include "launch_status.h"
 
@@ -89,22 +89,10 @@ CUTE_DEVICE void load_paged_block(cute::TmaDescriptor const& map, uint64_t* barr
 template <class Element>
 Status encode_paged_kv(cute::TmaDescriptor* map, const void* ptr, int cols, int page_size, int kv_heads,
                        int num_pages, int64_t row_stride, int64_t head_stride, int64_t page_stride, int box_rows) {
-  constexpr int64_t kBytes = sizeof(Element);
-  cuuint64_t dims[4] = {cuuint64_t(cols), cuuint64_t(page_size), cuuint64_t(kv_heads), cuuint64_t(num_pages)};
-  // A dimension of extent 1 is never stepped, so any 16-byte multiple stands in for its stride.
-  auto stride_of = [&](int64_t elems, int extent) { return cuuint64_t(extent > 1 ? elems * kBytes : 16); };
-  cuuint64_t strides[3] = {stride_of(row_stride, page_size), stride_of(head_stride, kv_heads),
-                           stride_of(page_stride, num_pages)};
-  cuuint32_t box[4] = {64, cuuint32_t(box_rows), 1, 1};
-  cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  const CUresult result = CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(
-      map, cute::TMA::to_CUtensorMapDataType<Element>(), 4, const_cast<void*>(ptr), dims, strides, box,
-      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (result != CUDA_SUCCESS)
-    return make_status(StatusCode::kCudaError, "cuTensorMapEncodeTiled (paged KV cache) failed: %d",
-                       static_cast<int>(result));
-  return Status{};
+  const int64_t extents[4] = {cols, page_size, kv_heads, num_pages};
+  const int64_t strides[3] = {row_stride, head_stride, page_stride};
+  const uint32_t box[4] = {64, uint32_t(box_rows), 1, 1};
+  return encode_swizzled_map<Element>(map, ptr, extents, strides, box, "paged KV cache");
 }
 
 }  // namespace flashcute::hopper
