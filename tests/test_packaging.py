@@ -299,6 +299,55 @@ def test_cuda_arch_request_errors(tmp_path, request_, message):
     assert message in re.sub(r"\s+", " ", out), out
 
 
+def _generate_kernels(tmp_path: Path, dtypes: str, head_dims: str, pairs: str = "") -> tuple[int, str]:
+    """Runs flashcute_generate_kernels in CMake's script mode on the Hopper forward's template;
+    prints the generated units and the registry's X-macros."""
+    lines = ["cmake_minimum_required(VERSION 3.24)",
+             f'set(CMAKE_CURRENT_BINARY_DIR "{tmp_path.as_posix()}")',
+             f'include("{(ROOT / "cmake" / "FlashcuteKernels.cmake").as_posix()}")',
+             "flashcute_generate_kernels(",
+             f'  TEMPLATE "{(ROOT / "cpp" / "hopper" / "fwd_instance.inc.in").as_posix()}"',
+             "  PREFIX hopper/fwd SUPPORTED 64 96 128 192 256 192,128",
+             f'  HEAD_DIMS "{head_dims}" PAIRS "{pairs}" DTYPES "{dtypes}"',
+             "  OUT_SOURCES units OUT_XMACRO xmacro OUT_PAIR_XMACRO pair_xmacro)",
+             'message(STATUS "units: ${units}")',
+             'message(STATUS "xmacro: ${xmacro}")',
+             'message(STATUS "pairs: ${pair_xmacro}")']
+    script = tmp_path / "generate_kernels.cmake"
+    script.write_text("\n".join(lines) + "\n")
+    return _run([_cmake(), "-P", str(script)])
+
+
+def test_one_unit_per_head_dim_holds_every_dtype(tmp_path):
+    code, out = _generate_kernels(tmp_path, "float16;bfloat16", "64;128", "192,128")
+    assert code == 0, out
+    gen = tmp_path / "generated" / "hopper"
+    units = re.search(r"-- units: (.*)", out).group(1).split(";")
+    assert [Path(u).name for u in units] == ["fwd_fp16_bf16_hd64.cu", "fwd_fp16_bf16_hd128.cu",
+                                             "fwd_fp16_bf16_hd192_dv128.cu"]
+    for unit, suffix in zip(units, ("hd64", "hd128", "hd192_dv128")):
+        includes = re.findall(r'#include "(.*)"', Path(unit).read_text())
+        assert includes == [f"hopper/fwd_fp16_{suffix}.inc", f"hopper/fwd_bf16_{suffix}.inc"]
+    instance = (gen / "fwd_bf16_hd192_dv128.inc").read_text()
+    assert "Status fwd_bf16_hd192_dv128(" in instance
+    assert "run_fwd<cutlass::bfloat16_t, 192, 128>" in instance
+    assert "run_fwd<cutlass::half_t, 128>" in (gen / "fwd_fp16_hd128.inc").read_text()
+    assert "-- xmacro: X(fp16, kFloat16, 64) X(bf16, kBFloat16, 64) X(fp16, kFloat16, 128) " \
+           "X(bf16, kBFloat16, 128) \n" in out
+    assert "-- pairs: X(fp16, kFloat16, 192, 128) X(bf16, kBFloat16, 192, 128) \n" in out
+
+
+def test_one_dtype_keeps_its_unit_name_and_bad_lists_stop(tmp_path):
+    code, out = _generate_kernels(tmp_path, "float8_e4m3", "128")
+    assert code == 0, out
+    assert re.search(r"-- units: \S*/hopper/fwd_e4m3_hd128\.cu\n", out), out
+    assert "-- xmacro: X(e4m3, kFloat8E4M3, 128) \n" in out
+    code, out = _generate_kernels(tmp_path, "bfloat16", "72")
+    assert code != 0 and "head dim 72 not supported" in out, out
+    code, out = _generate_kernels(tmp_path, "float32", "128")
+    assert code != 0 and "unknown dtype 'float32'" in out, out
+
+
 def _fake_cutlass(tmp_path: Path) -> Path:
     """A CUTLASS_DIR that satisfies the configure step's header search (nothing is compiled)."""
     cute = tmp_path / "cutlass" / "include" / "cute"
