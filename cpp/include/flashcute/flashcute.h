@@ -256,8 +256,8 @@ struct KVCacheParams {
 // The splits a KV-cache call runs with and the workspace it needs (fp32 partial outputs, 0 bytes
 // for one split), for the params' sizes, mask and head dims on params.device. No pointer is
 // read, but a paged call's plan needs cache.page_table non-null (any value) and its page_size:
-// paged calls may run on another kernel or path (paged_kernels.h). The same params give the same plan, so a CUDA graph may
-// capture the call.
+// paged calls may run on another kernel or path (paged_kernels.h). The same params give the
+// same plan, so a CUDA graph may capture the call.
 FLASHCUTE_API Status attention_with_kvcache_plan(const AttentionForwardParams& params, const KVCacheParams& cache,
                                                  int64_t* num_splits, size_t* workspace_bytes,
                                                  Backend backend = Backend::kAuto);
@@ -265,9 +265,10 @@ FLASHCUTE_API Status attention_with_kvcache_plan(const AttentionForwardParams& p
 // Attention against a KV cache (decoding, chunked prefill): appends k_new/v_new, then runs the
 // forward over the cache with the params' q, out, lse, scale, causal, window, softcap and ALiBi
 // (q may be packed with cu_seqlens_q; cu_seqlens_k, seqused_k and dropout are refused). kAuto
-// runs prefill-sized calls on the Hopper path on sm90 where its loads read the pages, everything
-// else on the Ampere-path kernels (choose_kernel); kHopper is refused for pages that are not a
-// multiple of 16 keys. params.workspace: attention_with_kvcache_plan's bytes. No allocation and no host synchronization: capturable.
+// runs prefill-sized calls on the Hopper path on sm90 where its TMA loads read the pages,
+// everything else on the Ampere-path kernels (choose_kernel); kHopper is refused, naming
+// page_table, for pages those loads cannot read. params.workspace: attention_with_kvcache_plan's
+// bytes. No allocation and no host synchronization: capturable.
 FLASHCUTE_API Status attention_with_kvcache(const AttentionForwardParams& params, const KVCacheParams& cache,
                                             Backend backend = Backend::kAuto);
 
