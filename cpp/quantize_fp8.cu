@@ -108,14 +108,22 @@ Status launch(const QuantizeFp8Params& p, QuantizeFp8Args a) {
     return cuda_status(cudaGetLastError(), "quantize_fp8 launch");
   }
   // Per-head scales: teams of `chunks` CTAs, one per chunk of a head's rows, meet at spin
-  // barriers, so every CTA must be resident (cooperative launch). kHeld where a head's tiles,
-  // one per CTA, fit on the grid; else kReread with chunks of several tiles.
+  // barriers, so every CTA must be resident (cooperative launch). kHeld where a chunk fits the
+  // ring beside a tile in flight, else kReread. The most slots a CTA (up to 6), chunks of
+  // slots - 2 tiles (two in flight) from 5 slots on: long chunks mean fewer CTAs per head, so
+  // more heads at once, whose neighbouring bytes make DRAM reads denser
+  // (benchmarks/results/h100-quantize-fp8.txt).
   const void* kernel = reinterpret_cast<const void*>(&quantize_fp8_kernel<T, kD, kHadamard, Fp8Walk::kHeld>);
-  if (Status s = resident_ctas(kernel, kThreads, 3, kSlot, &resident); !s.ok()) return s;
-  if (resident >= a.tiles) {
-    a.slots = 3;
-    a.chunk_tiles = 1;
-  } else {
+  bool held = false;
+  for (int slots = 6; slots >= 2 && !held; --slots) {
+    if (Status s = resident_ctas(kernel, kThreads, slots, kSlot, &resident); !s.ok()) return s;
+    if (resident == 0) continue;
+    const int needed = int((a.tiles + std::min<int64_t>(resident, a.tiles) - 1) / std::min<int64_t>(resident, a.tiles));
+    const int target = std::min(slots >= 5 ? slots - 2 : slots - 1, a.tiles);
+    if (needed > slots - 1) continue;
+    held = true, a.slots = slots, a.chunk_tiles = std::max(needed, target);
+  }
+  if (!held) {
     kernel = reinterpret_cast<const void*>(&quantize_fp8_kernel<T, kD, kHadamard, Fp8Walk::kReread>);
     if (Status s = stream_slots(kernel, kThreads, kSlot, &a, &resident); !s.ok()) return s;
     a.chunk_tiles = int((a.tiles + resident - 1) / resident);

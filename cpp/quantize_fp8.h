@@ -12,10 +12,10 @@
 // shared-memory slots ahead of their use, and a thread only ever reads back the vectors it
 // copied itself, so the ring needs no CTA barrier. The walks (Fp8Walk):
 //  - kBlock: tiles are independent; a slot is refilled as soon as its tile is in registers.
-//  - kHeld: per-head scales, a head's tiles spread over a team of CTAs, one tile each. A CTA
-//    reduces its tile of head s, adds its maximum into the head's slot, and only then waits for
-//    head s - 1 and quantizes its tile of that head, still in its slot: the team's arrivals
-//    have most of a step to come in, and x is read once.
+//  - kHeld: per-head scales, a head's tiles spread over a team of CTAs, a chunk of tiles each.
+//    A CTA reduces its chunk of head s tile by tile, adds its maximum into the head's slot, and
+//    meanwhile quantizes its chunk of head s - 1, still in the ring, once that head's team has
+//    arrived: the arrivals have a chunk's time to come in, and x is read once.
 //  - kReread: per-head scales of heads longer than the grid holds: each CTA of a team reduces
 //    a chunk of several tiles, then reads them again (from L2) to quantize them, tile by tile
 //    between the reductions of its chunk of the next head, so that L2 holds about one head.
@@ -259,12 +259,14 @@ struct GridBarrier {
 // has landed" is always "at most `pending` later groups outstanding".
 __device__ __forceinline__ void commit_fill() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void wait_fills(int pending) {
-  if (pending <= 0) {
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
-  } else if (pending == 1) {
-    asm volatile("cp.async.wait_group 1;" ::: "memory");
-  } else {
-    asm volatile("cp.async.wait_group 2;" ::: "memory");
+  switch (pending) {
+    case 6: asm volatile("cp.async.wait_group 6;" ::: "memory"); break;
+    case 5: asm volatile("cp.async.wait_group 5;" ::: "memory"); break;
+    case 4: asm volatile("cp.async.wait_group 4;" ::: "memory"); break;
+    case 3: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
   }
 }
 
@@ -509,10 +511,12 @@ struct Team {
 
 }  // namespace quantize_fp8_detail
 
-// Register budget: 1024 threads per SM, at most 64 registers each. Dynamic shared memory:
-// a.slots ring slots of Tile::kSlotBytes.
+// Register budget: 1024 threads per SM for block scales, 512 for the per-head walks (whose rings
+// take most of an SM's shared memory) up to head dim 128. Dynamic shared memory: a.slots ring
+// slots of Tile::kSlotBytes.
 template <class T, int kD, bool kHadamard, Fp8Walk kWalk>
-__global__ void __launch_bounds__(4 * kD, 256 / kD) quantize_fp8_kernel(const QuantizeFp8Args a) {
+__global__ void __launch_bounds__(4 * kD, kWalk == Fp8Walk::kBlock || kD == 256 ? 256 / kD : 128 / kD)
+    quantize_fp8_kernel(const QuantizeFp8Args a) {
   using namespace quantize_fp8_detail;
   using Tl = Tile<T, kD, kHadamard>;
   constexpr int kWarps = Tl::kThreads / 32;
@@ -601,31 +605,48 @@ __global__ void __launch_bounds__(4 * kD, 256 / kD) quantize_fp8_kernel(const Qu
       if constexpr (kHadamard) refill();
     }
   } else if constexpr (kWalk == Fp8Walk::kHeld) {
-    // Three slots: the tile of head s - 1 (waiting for its team), of s, of s + 1 (in flight).
+    // The CTA's tiles in order, k = s * len + t (tile t of its chunk of head step s), tile k in
+    // slot k % slots. Tile k is reduced at iteration k and quantized, still in its slot, at
+    // iteration k + len (its head's team has had a chunk's time to arrive); its slot then takes
+    // tile k + slots. So a chunk waits in the ring and slots - len tiles are in flight.
     const Team team(a);
-    if (team.steps > 0) tile.fetch(slot(0), a, team.item(0, 0, a));
-    commit_fill();
-    setup();
-    auto quantize_held = [&](int s, int i) {
-      const int g = team.group(s, a);
-      const float amax = head_wait(a, g);
-      if (team.chunk == 0 && threadIdx.x == 0) a.descale[g] = descale_of<kHadamard, kD>(amax);
-      tile.take(raw, slot(i));
-      if constexpr (kHadamard) tile.values(raw, v, signs);
-      quantize_store(tile, raw, v, a, team.item(s, 0, a), amax);
-    };
-    for (int s = 0, i = 0; s < team.steps; ++s, i = next_slot(i)) {  // i: head s's slot
-      if (s + 1 < team.steps) tile.fetch(slot(next_slot(i)), a, team.item(s + 1, 0, a));
+    const int len = min(a.chunk_tiles, a.tiles - team.chunk * a.chunk_tiles);
+    const int total = team.steps * len;
+    int filled = 0;
+    auto fill = [&] {
+      if (filled < total) tile.fetch(slot(filled % slots), a, team.item(filled / len, filled % len, a));
       commit_fill();
-      wait_fills(1);
-      tile.take(raw, slot(i));
-      const float amax = cta_max<kWarps>(local_amax(tile, raw, v, signs), s_warp, s & 1);
+      ++filled;
+    };
+    for (int n = 0; n < slots; ++n) fill();
+    setup();
+    float m = 0.f, amax = 0.f;
+    for (int k = 0; k < total + len; ++k) {
       uint32_t old_max = 0;
-      if (threadIdx.x == 0) old_max = head_max(a, team.group(s, a), amax);
-      if (s > 0) quantize_held(s - 1, i == 0 ? 2 : i - 1);
-      if (threadIdx.x == 0) head_count(a, team.group(s, a), old_max);
+      const bool reduce = k < total, last = reduce && k % len == len - 1;
+      if (reduce) {  // fills issued: slots + max(0, k - len); wait for fill k
+        wait_fills(slots - 1 - len);
+        tile.take(raw, slot(k % slots));
+        m = fmaxf(m, local_amax(tile, raw, v, signs));
+        if (last) {
+          m = cta_max<kWarps>(m, s_warp, (k / len) & 1);
+          if (threadIdx.x == 0) old_max = head_max(a, team.group(k / len, a), m);
+          m = 0.f;
+        }
+      }
+      if (const int q = k - len; q >= 0) {
+        if (q % len == 0) {
+          const int g = team.group(q / len, a);
+          amax = head_wait(a, g);
+          if (team.chunk == 0 && threadIdx.x == 0) a.descale[g] = descale_of<kHadamard, kD>(amax);
+        }
+        tile.take(raw, slot(q % slots));
+        if constexpr (kHadamard) tile.values(raw, v, signs);
+        quantize_store(tile, raw, v, a, team.item(q / len, q % len, a), amax);
+        fill();
+      }
+      if (last && threadIdx.x == 0) head_count(a, team.group(k / len, a), old_max);
     }
-    if (team.steps > 0) quantize_held(team.steps - 1, (team.steps - 1) % 3);
   } else {
     // Step s reduces this CTA's chunk of head s (tiles streamed through the ring) and, tile by
     // tile, quantizes its chunk of head s - 1, read again (from L2: it was read a step ago).

@@ -282,19 +282,26 @@ def test_several_tiles_per_cta(gen, hadamard):
     check(x, *quantize_poisoned(x, True, hadamard, 4), block=True, hadamard=hadamard, seed=4)
 
 
-def test_several_steps_of_teams(gen):
-    x = make_x(gen, (2, 2048, 24, 64), torch.bfloat16)
+@pytest.mark.parametrize("shape", [(2, 2048, 160, 64), (2, 1400, 48, 128)], ids=["hd64", "hd128-ragged"])
+def test_several_steps_of_teams(gen, shape):
+    """Per-head scales with more heads than teams fit at once, chunks of several tiles, and a
+    last chunk (and tile) shorter than the others."""
+    x = make_x(gen, shape, torch.bfloat16)
     check(x, *quantize_poisoned(x, False, False, 0), block=False, hadamard=False)
 
 
 @pytest.mark.parametrize("shape,dtype,hadamard", [
     ((1, 40000, 1, 128), torch.bfloat16, False),
-    ((1, 80000, 1, 64), torch.float16, False),
     ((1, 20000, 2, 256), torch.float16, True),
-    ((1, 40000, 1, 128), torch.bfloat16, True),
-], ids=["bf16-128", "fp16-64", "fp16-256-hadamard", "bf16-128-hadamard"])
+    ((1, 100000, 1, 128), torch.bfloat16, False),
+    ((1, 200000, 1, 64), torch.float16, False),
+    ((1, 40000, 1, 256), torch.float16, True),
+    ((1, 100000, 1, 128), torch.bfloat16, True),
+], ids=["bf16-128-held", "fp16-256-hadamard-held", "bf16-128", "fp16-64", "fp16-256-hadamard",
+        "bf16-128-hadamard"])
 def test_heads_longer_than_the_grid(gen, shape, dtype, hadamard):
-    """More tiles per head than CTAs fit on a GPU of up to ~150 SMs: the re-reading kernel."""
+    """Heads of many tiles per CTA: held in the ring in chunks (the first two), or, beyond
+    what the rings hold on a GPU of up to ~150 SMs, the re-reading kernel."""
     x = make_x(gen, shape, dtype)
     check(x, *quantize_poisoned(x, False, hadamard, 9), block=False, hadamard=hadamard, seed=9)
 
