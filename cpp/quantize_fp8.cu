@@ -109,7 +109,7 @@ Status launch(const QuantizeFp8Params& p, QuantizeFp8Args a) {
   }
   // Per-head scales: teams of `chunks` CTAs, one per chunk of a head's rows, meet at spin
   // barriers, so every CTA must be resident (cooperative launch). kHeld where a chunk fits the
-  // ring beside a tile in flight, else kReread. The most slots a CTA (up to 6), chunks of
+  // ring beside a tile in flight, else kReread. The most slots that fit (up to 6), chunks of
   // slots - 2 tiles (two in flight) from 5 slots on: long chunks mean fewer CTAs per head, so
   // more heads at once, whose neighbouring bytes make DRAM reads denser
   // (benchmarks/results/h100-quantize-fp8.txt).

@@ -16,7 +16,7 @@
 //    A CTA reduces its chunk of head s tile by tile, adds its maximum into the head's slot, and
 //    meanwhile quantizes its chunk of head s - 1, still in the ring, once that head's team has
 //    arrived: the arrivals have a chunk's time to come in, and x is read once.
-//  - kReread: per-head scales of heads longer than the grid holds: each CTA of a team reduces
+//  - kReread: per-head scales of heads longer than the rings hold: each CTA of a team reduces
 //    a chunk of several tiles, then reads them again (from L2) to quantize them, tile by tile
 //    between the reductions of its chunk of the next head, so that L2 holds about one head.
 // Teams wait for each other (spin barriers through the workspace), so those walks run as

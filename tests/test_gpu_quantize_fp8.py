@@ -272,7 +272,7 @@ def test_hadamard_keeps_scores(gen):
 
 
 # ---------------------------------------------------------------------------------------------
-# Grids: several heads per step of the persistent grid, heads longer than the grid holds
+# Grids: several heads per step of the persistent grid, heads longer than the rings hold
 
 
 @pytest.mark.parametrize("hadamard", [False, True], ids=["plain", "hadamard"])
