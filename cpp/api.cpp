@@ -15,6 +15,7 @@
 #include "kernel_params.h"
 #include "kernel_registry.h"
 #include "kv_append_launch.h"
+#include "kv_gather_launch.h"
 #include "kvcache_plan.h"
 #include "launch_status.h"
 #include "merge_states_launch.h"
@@ -706,11 +707,13 @@ Status check_kvcache(const AttentionForwardParams& given, const KVCacheParams& c
 }
 
 // Everything a KV-cache call launches: its forward's params (packing and splits applied), its
-// launcher and the split workspace's layout.
+// launcher, and the workspace's layout: the splits' parts, or the pages' contiguous copy.
 struct KvCacheRun {
   FwdKernelParams kernel{};
   FwdLauncher launch = nullptr;
   SplitKvLayout split;
+  KvGatherLayout gather;  // bytes 0: the kernel reads the cache where it is
+  size_t workspace_bytes() const { return split.bytes + gather.bytes; }
 };
 
 Status plan_kvcache(const AttentionForwardParams& p, const KVCacheParams& c, Backend backend, KvCacheRun* run) {
@@ -722,6 +725,10 @@ Status plan_kvcache(const AttentionForwardParams& p, const KVCacheParams& c, Bac
   // Splits asked for (num_splits > 1) are the Ampere path's split-KV: such calls are chosen as decoding.
   query.kv_seqlen_q = c.num_splits > 1 ? 0 : p.seqlen_q;
   query.page_size = c.page_size;
+  query.kv_group = p.nheads_kv > 0 ? p.nheads / p.nheads_kv : 1;
+  const KvGatherLayout gather =
+      kv_gather_layout(p.batch, p.seqlen_k, p.nheads_kv, p.headdim, v_headdim(p), 2);
+  query.kv_copy_bytes = c.page_table != nullptr && c.copy_pages ? static_cast<int64_t>(gather.bytes) : 0;
   KernelChoice choice;
   if (Status s = choose_kernel(query, backend, capability, &choice); !s.ok()) return s;
   run->launch = find_fwd_launcher(choice.backend, p.dtype, choice.headdim, choice.headdim_v);
@@ -741,6 +748,7 @@ Status plan_kvcache(const AttentionForwardParams& p, const KVCacheParams& c, Bac
     k.workspace = nullptr, k.workspace_bytes = 0;
     k.num_splits = 1;
     run->kernel = k;  // run->split stays empty
+    if (choice.copies_pages) run->gather = gather;
     return Status{};
   }
   FwdTileQuery tile_query = find_ampere_fwd_tile(p.dtype, choice.headdim);
@@ -791,7 +799,7 @@ Status attention_with_kvcache_plan(const AttentionForwardParams& given, const KV
   KvCacheRun run;
   if (Status s = plan_kvcache(p, c, backend, &run); !s.ok()) return s;
   *num_splits = run.kernel.num_splits;
-  *workspace_bytes = run.split.bytes;
+  *workspace_bytes = run.workspace_bytes();
   return Status{};
 }
 
@@ -803,15 +811,15 @@ Status attention_with_kvcache(const AttentionForwardParams& given, const KVCache
   KvCacheRun run;
   if (attends) {
     if (Status s = plan_kvcache(p, cache, backend, &run); !s.ok()) return s;
-    if (run.split.bytes > 0 && p.workspace == nullptr)
+    const char* use = run.gather.bytes > 0 ? "a contiguous copy of the pages" : "the splits' parts";
+    if (run.workspace_bytes() > 0 && p.workspace == nullptr)
       return make_status(StatusCode::kInvalidArgument,
-                         "workspace: null, but the call runs %d splits that need attention_with_kvcache_plan()'s %zu "
-                         "bytes",
-                         run.kernel.num_splits, run.split.bytes);
-    if (p.workspace_bytes < run.split.bytes)
+                         "workspace: null, but the call needs attention_with_kvcache_plan()'s %zu bytes (%s)",
+                         run.workspace_bytes(), use);
+    if (p.workspace_bytes < run.workspace_bytes())
       return make_status(StatusCode::kInvalidArgument,
-                         "workspace: %zu bytes given, attention_with_kvcache_plan() asks for %zu (%d splits)",
-                         p.workspace_bytes, run.split.bytes, run.kernel.num_splits);
+                         "workspace: %zu bytes given, attention_with_kvcache_plan() asks for %zu (%s)",
+                         p.workspace_bytes, run.workspace_bytes(), use);
   }
   DeviceGuard guard(p.device);
   if (!guard.status().ok()) return guard.status();
@@ -837,6 +845,28 @@ Status attention_with_kvcache(const AttentionForwardParams& given, const KVCache
   }
   if (!attends) return Status{};
   FwdKernelParams k = run.kernel;
+  if (run.gather.bytes > 0) {  // the used rows, copied; the kernel reads them as a batched cache
+    char* base = static_cast<char*>(p.workspace);
+    KvGatherParams g{};
+    g.k_cache = p.k, g.v_cache = p.v;
+    g.k_out = base, g.v_out = base + run.gather.v_offset;
+    g.k_page_stride = p.k_batch_stride, g.k_row_stride = p.k_row_stride, g.k_head_stride = p.k_head_stride;
+    g.v_page_stride = p.v_batch_stride, g.v_row_stride = p.v_row_stride, g.v_head_stride = p.v_head_stride;
+    g.cache_seqlens = cache.cache_seqlens, g.seqlen_new = static_cast<int>(cache.seqlen_new);
+    g.page_table = cache.page_table, g.page_table_batch_stride = cache.page_table_batch_stride;
+    g.page_size = k.page_divisor, g.num_pages = k.num_pages;
+    g.capacity = static_cast<int>(p.seqlen_k);
+    g.batch = static_cast<int>(p.batch), g.heads_kv = static_cast<int>(p.nheads_kv);
+    g.headdim = static_cast<int>(p.headdim), g.headdim_v = static_cast<int>(v_headdim(p));
+    g.elem_bytes = 2;
+    if (Status s = launch_kv_gather(g, p.stream); !s.ok()) return s;
+    k.k = g.k_out, k.v = g.v_out;
+    k.k_head_stride = p.headdim, k.k_row_stride = p.nheads_kv * p.headdim, k.k_batch_stride = p.seqlen_k * k.k_row_stride;
+    k.v_head_stride = v_headdim(p), k.v_row_stride = p.nheads_kv * v_headdim(p);
+    k.v_batch_stride = p.seqlen_k * k.v_row_stride;
+    k.page_table = nullptr, k.page_table_batch_stride = 0, k.page_divisor = PageDivisor{}, k.num_pages = 0;
+    k.after_kv_copy = true;
+  }
   if (k.num_splits > 1) {
     char* base = static_cast<char*>(p.workspace);
     k.partial_o = reinterpret_cast<float*>(base + run.split.o_offset);

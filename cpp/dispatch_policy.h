@@ -262,12 +262,23 @@ inline Status choose_backward(const KernelCatalogue& c, const KernelQuery& r, Ba
 // Ampere path's kernels, whose split-KV and packed query heads serve few rows.
 constexpr int64_t kKvCacheHopperRows = 128;
 
-// The path a KV-cache call runs on, as a request to choose_forward: the Hopper path for
-// prefill-sized calls on sm90 where it compiles the head dim (exactly, or the Ampere path does
-// not) and its TMA loads read the pages (paged_kernels.h); else the Ampere path, which reads
-// every page size. An explicit 'hopper' is refused for pages its loads cannot read.
+// A prefill against a paged cache copies the cache's used rows into a contiguous workspace
+// first (kv_gather.h) when the copy costs little beside the forward: pages whose TMA boxes would
+// be shorter than a 64-key block (measured at 0.64-0.90 of a contiguous cache) or that the boxes
+// cannot read, at least kKvCacheCopyRows query rows per K/V head (the copy moves a key once, the
+// forward reads it once per query tile), and a workspace of at most kKvCacheCopyBytes (the whole
+// capacity of every sequence). Measured: benchmarks/results/h100-kvcache-prefill.txt.
+constexpr int64_t kKvCacheCopyRows = 1024;
+constexpr int64_t kKvCacheCopyBytes = int64_t(256) << 20;
+
+// The path a KV-cache call runs on, as a request to choose_forward, and whether it copies the
+// pages: the Hopper path for prefill-sized calls on sm90 where it compiles the head dim (exactly,
+// or the Ampere path does not) and its TMA loads read the pages (paged_kernels.h) or the pages are
+// copied; else the Ampere path, which reads every page size. An explicit 'hopper' copies pages its
+// loads cannot read where a workspace is allowed, and is refused for them otherwise.
 inline Status choose_kvcache(const KernelCatalogue& c, const KernelQuery& r, Backend requested, int capability,
-                             Backend* path) {
+                             Backend* path, bool* copies) {
+  *copies = false;
   const int64_t page_size = r.paged_kv ? std::max<int64_t>(r.page_size, 1) : 0;
   const bool hopper_runs = runs_on(Backend::kHopper, capability) && not_compiled(c, Backend::kHopper, r, true).empty();
   const auto hopper_kernel = hopper_runs ? kernel_head_dims(c, Backend::kHopper, static_cast<int>(r.headdim),
@@ -275,22 +286,32 @@ inline Status choose_kvcache(const KernelCatalogue& c, const KernelQuery& r, Bac
                                          : std::pair<int, int>{0, 0};
   const bool pages_fit = hopper_kernel.first > 0 &&
                          hopper_reads_pages(hopper_kernel.first, hopper_kernel.second, page_size);
+  const bool copy_allowed = hopper_kernel.first > 0 && page_size > 0 && page_size % 64 != 0 &&
+                            r.kv_copy_bytes > 0 && r.kv_copy_bytes <= kKvCacheCopyBytes;
+  const bool copy_pays = copy_allowed && r.kv_seqlen_q * std::max<int64_t>(r.kv_group, 1) >= kKvCacheCopyRows;
   const bool ampere_runs = runs_on(Backend::kAmpere, capability) && not_compiled(c, Backend::kAmpere, r, true).empty();
-  if (hopper_kernel.first > 0 && !pages_fit && (requested == Backend::kHopper || (requested == Backend::kAuto && !ampere_runs)))
+  if (requested == Backend::kHopper && !pages_fit && copy_allowed) {
+    *path = requested, *copies = true;
+    return Status{};
+  }
+  if (hopper_kernel.first > 0 && !pages_fit && !copy_pays &&
+      (requested == Backend::kHopper || (requested == Backend::kAuto && !ampere_runs)))
     return refuse("page_table: the Hopper path reads pages of a multiple of 16 keys on kernels of head dims that "
                   "are multiples of 64 (this call: page size " + std::to_string(page_size) + ", kernel head dim " +
                   std::to_string(hopper_kernel.first) + ")" +
                   (ampere_runs ? "; pass backend=None or 'ampere'" : "; this build has no Ampere-path kernel for it"));
   if (requested != Backend::kAuto) {
     *path = requested;  // choose_forward names what else is missing
+    *copies = requested == Backend::kHopper && copy_pays;
     return Status{};
   }
   const bool prefill = r.kv_seqlen_q >= kKvCacheHopperRows;
   const bool head_dim_fits = exact(c, Backend::kHopper, static_cast<int>(r.headdim), false) ||
                              !exact(c, Backend::kAmpere, static_cast<int>(r.headdim), false);
-  const bool hopper = default_backend_of(c, capability) == Backend::kHopper && pages_fit &&
+  const bool hopper = default_backend_of(c, capability) == Backend::kHopper && (pages_fit || copy_pays) &&
                       (!ampere_runs || (prefill && head_dim_fits));
   *path = hopper ? Backend::kHopper : Backend::kAmpere;
+  *copies = hopper && copy_pays;
   return Status{};
 }
 
@@ -310,13 +331,14 @@ inline Status choose_kernel_in(const KernelCatalogue& c, const KernelQuery& quer
     if (requested == Backend::kAuto && capability < 80) return dispatch_detail::too_old(capability);
     return dispatch_detail::choose_fp8(c, r, requested, capability, choice);
   }
+  bool copies_pages = false;
   if (r.kv_cache) {
     if (r.headdim_v != 0 && r.headdim_v != r.headdim)
       return dispatch_detail::refuse("v_cache: head dim " + std::to_string(r.headdim_v) + " differs from q's and k_cache's " +
                     std::to_string(r.headdim) + "; KV-cache calls need one head dim");
     if (requested == Backend::kAuto && capability < 80) return dispatch_detail::too_old(capability);
     r.backward = false;
-    const Status s = dispatch_detail::choose_kvcache(c, r, requested, capability, &requested);
+    const Status s = dispatch_detail::choose_kvcache(c, r, requested, capability, &requested, &copies_pages);
     if (!s.ok()) return s;
   }
   Backend chosen = Backend::kAmpere;
@@ -332,7 +354,7 @@ inline Status choose_kernel_in(const KernelCatalogue& c, const KernelQuery& quer
                                      "this build compiles head dims " + dispatch_detail::join(dims));
     k = {*it, *it};
   }
-  *choice = KernelChoice{chosen, k.first, k.second};
+  *choice = KernelChoice{chosen, k.first, k.second, copies_pages && chosen == Backend::kHopper};
   return Status{};
 }
 

@@ -101,6 +101,9 @@ struct FwdKernelParams {
   int64_t v_descale_batch_stride, v_descale_head_stride, v_descale_block_stride;
   int q_descale_head_div;  // 1: per query head; heads_per_kv: per K/V head
   bool out_fp16;           // FP8 kernels (bfloat16 O): write float16 bits instead
+  // Hopper path: launched as the programmatic dependent of the page copy before it (kv_gather.h),
+  // so its CTAs start while the copy ends; the producer waits for the copy before its first load.
+  bool after_kv_copy;
 };
 
 // Rows (queries or keys) per FP8 descale block.

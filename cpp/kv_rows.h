@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include <cute/config.hpp>
+#include <cute/numeric/math.hpp>  // cute::min, cute::max
 
 #include "page_divisor.h"
 

@@ -1,7 +1,7 @@
 """``attention_with_kvcache`` prefill on the Hopper path (sm90): contiguous caches and paged
 ones whose pages its TMA boxes read (multiples of 16 keys), against the float64 reference, with
 test_gpu_kvcache.py's checks (NaN-poisoned slots and outputs, the cache after the append);
-pages of other sizes run on the Ampere path.
+long prefills copy pages shorter than 64 keys (any size) into a contiguous workspace first.
 
 Calls pass backend="hopper" so that every page size and shape here runs that path; the
 library's own choice (prefill from 128 query rows per sequence) runs the same calls again with
@@ -19,6 +19,9 @@ torch = pytest.importorskip("torch")
 import flashcute  # noqa: E402
 from test_gpu_forward import SUPPORT  # noqa: E402
 from test_gpu_kvcache import DEVICE, Cache, _int32, _new, _randn, check_call, gen  # noqa: E402,F401
+
+from flashcute._torch_kvcache import forward_plan  # noqa: E402
+from flashcute._validate import kernel_window  # noqa: E402
 
 _HOPPER = SUPPORT.get("hopper", ([], []))
 
@@ -121,11 +124,66 @@ def test_varlen_chunked_prefill(gen, page_size, causal):
                    causal=causal, backend=backend)
 
 
-def test_pages_the_hopper_loads_cannot_read_are_refused(gen):
+def _copy_bytes(cache: Cache, q, seqlens, k_new=None, v_new=None, causal=False, backend=None) -> int:
+    """The workspace the library plans for the call: a paged cache's contiguous copy, or 0."""
+    plan = forward_plan(q, cache.k, cache.v, seqlens, cache.table, k_new, v_new, None, None, None,
+                        causal, None, kernel_window((-1, -1)), 0.0, None, 0, backend)
+    return plan.workspace_bytes
+
+
+def _full_copy(cache: Cache, heads_kv: int, headdim: int) -> int:
+    """Bytes of K and V for every sequence's whole capacity (K's part rounded up to 256)."""
+    k_bytes = cache.batch * cache.capacity * heads_kv * headdim * 2
+    return -(-k_bytes // 256) * 256 + k_bytes
+
+
+@pytest.mark.parametrize("page_size", [1, 5, 16, 48], ids=lambda p: f"page{p}")
+@pytest.mark.parametrize("heads", [(8, 2), (4, 1)], ids=["gqa4", "mqa"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_long_prefill_copies_short_pages(gen, page_size, heads, causal):
+    """520 query rows and 520 appended keys per sequence, 4 query heads per K/V head (2080 rows
+    per K/V head): the library copies pages shorter than a 64-key block into a contiguous
+    workspace (its plan asks for exactly that copy) and the Hopper path reads the copy; caches
+    from empty to full, NaN in every slot past the keys."""
+    _need(128)
+    nheads, nheads_kv = heads
+    seqlen_q = 520
+    cache = Cache(gen, 3, 1100, nheads_kv, 128, DTYPE, page_size)
+    q = _randn(gen, 3, seqlen_q, nheads, 128, dtype=DTYPE)
+    lengths = [0, cache.capacity - seqlen_q, 301]
+    for backend in (None, "hopper"):
+        k_new, v_new = _new(gen, 3, seqlen_q, nheads_kv, dtype=DTYPE)
+        planned = _copy_bytes(cache, q, _int32(lengths), k_new, v_new, causal, backend)
+        assert planned == _full_copy(cache, nheads_kv, 128)
+        check_call(cache, q, lengths, k_new=k_new, v_new=v_new, causal=causal, backend=backend)
+
+
+@pytest.mark.parametrize("mask", [dict(causal=True, window=(300, 0), softcap=20.0), dict(window=(200, 90))],
+                         ids=["causal_window_softcap", "window_both_sides"])
+def test_copied_pages_with_masks_and_packed_queries(gen, mask):
+    """The copy under a window and softcap, and chunked prefill (packed queries) read through it."""
+    _need(128)
+    cache = Cache(gen, 2, 900, 2, 128, DTYPE, 16)
+    q = _randn(gen, 2, 600, 8, 128, dtype=DTYPE)
+    assert _copy_bytes(cache, q, _int32([0, 0])) > 0
+    check_call(cache, q, [250, cache.capacity], **mask)
+    chunks, lengths = [600, 0, 530], [cache.capacity, 40, 530 + 300]
+    packed = Cache(gen, 3, 900, 2, 128, DTYPE, 16)
+    offsets = [0, 600, 600, 1130]
+    qp = _randn(gen, offsets[-1], 8, 128, dtype=DTYPE)
+    check_call(packed, qp, lengths, cu_seqlens_q=_int32(offsets), max_seqlen_q=max(chunks), causal=True)
+
+
+def test_pages_the_hopper_loads_cannot_read_without_a_workspace_are_refused(gen):
+    """An explicit 'hopper' on pages of 12 keys reads them through the copy; where no
+    workspace may be allocated (numpy arrays, out= given) the call is refused, naming
+    page_table; the library's own choice for short chunks is the Ampere path."""
     _need(128)
     cache = Cache(gen, 2, 64, 2, 128, DTYPE, 12)
     q = _randn(gen, 2, 128, 4, 128, dtype=DTYPE)
+    check_call(cache, q, [3, 60], backend="hopper")
+    ext = flashcute._C
     with pytest.raises(ValueError, match=r"^page_table: the Hopper path reads pages of a multiple of 16"):
-        flashcute.attention_with_kvcache(q, cache.k, cache.v, cache_seqlens=_int32([3, 4]),
-                                         page_table=cache.table, backend="hopper")
+        ext.kvcache_plan(2, 128, 4, 2, 128, 128, cache.capacity, 0, -1, "bfloat16", False,
+                         *kernel_window((-1, -1)), False, 0, ext.BACKEND_HOPPER, 12, copy_pages=False)
     check_call(cache, q, [3, 60])  # the library's choice: the Ampere path

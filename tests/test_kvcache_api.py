@@ -335,19 +335,19 @@ class KVCacheRecordingExtension(VarlenRecordingExtension):
 
     def kvcache_plan(self, batch, seqlen_q, nheads, nheads_kv, headdim, headdim_v, max_seqlen_k,
                      num_splits, total_q, dtype, causal, window_left, window_right, alibi, device,
-                     backend, page_size=0):
+                     backend, page_size=0, copy_pages=True):
         self.calls.append(("kvcache_plan", dict(
             batch=batch, seqlen_q=seqlen_q, heads=(nheads, nheads_kv), headdims=(headdim, headdim_v),
             max_seqlen_k=max_seqlen_k, num_splits=num_splits, total_q=total_q, dtype=dtype,
             causal=causal, window=(window_left, window_right), alibi=alibi, device=device,
-            backend=backend, page_size=page_size)))
+            backend=backend, page_size=page_size, copy_pages=copy_pages)))
         splits = num_splits or self.splits
         return splits, self.workspace if splits > 1 else 0
 
     def kvcache_forward(self, q, k_cache, v_cache, out, lse, cache_seqlens, page_table, k_new,
                         v_new, cu_seqlens_q, max_seqlen_q, softmax_scale, causal, window_left,
                         window_right, softcap, alibi_slopes, num_splits, workspace, backend,
-                        stream):
+                        stream, copy_pages=True):
         t = {name: _tensor(x) for name, x in dict(
             q=q, k_cache=k_cache, v_cache=v_cache, out=out, lse=lse, cache_seqlens=cache_seqlens,
             page_table=page_table, k_new=k_new, v_new=v_new, cu_seqlens_q=cu_seqlens_q,
@@ -359,7 +359,7 @@ class KVCacheRecordingExtension(VarlenRecordingExtension):
             cu_seqlens_q=None if t["cu_seqlens_q"] is None else t["cu_seqlens_q"].tolist(),
             max_seqlen_q=max_seqlen_q, softmax_scale=softmax_scale, causal=causal,
             window=(window_left, window_right), softcap=softcap, num_splits=num_splits,
-            backend=backend, stream=stream)))
+            backend=backend, stream=stream, copy_pages=copy_pages)))
         result = reference.attention_with_kvcache(
             t["q"], t["k_cache"], t["v_cache"], cache_seqlens=t["cache_seqlens"],
             page_table=t["page_table"], k_new=t["k_new"], v_new=t["v_new"],
@@ -435,7 +435,8 @@ def test_paged_decode_with_appends(ext, route):
     (plan,) = ext.of("kvcache_plan")
     assert plan == dict(batch=2, seqlen_q=3, heads=(4, 2), headdims=(64, 64), max_seqlen_k=12,
                         num_splits=0, total_q=-1, dtype="bfloat16", causal=True, window=(6, 0),
-                        alibi=False, device=0, backend=ext.BACKEND_AUTO, page_size=4)
+                        alibi=False, device=0, backend=ext.BACKEND_AUTO, page_size=4,
+                        copy_pages=True)
     (call,) = ext.of("kvcache_forward")
     assert call["num_splits"] == 4 and call["shapes"]["workspace"] == (4096,)
     assert call["cache_seqlens"] == [5, 3] and call["page_table"] == [[4, 0, 2], [5, 1, 3]]
@@ -552,7 +553,8 @@ def test_numpy_arrays_take_the_dlpack_route(ext):
     assert result is out
     (call,) = ext.of("kvcache_forward")
     assert call["num_splits"] == 1 and call["shapes"]["workspace"] is None  # no allocator
-    assert [p["num_splits"] for p in ext.of("kvcache_plan")] == [2, 1]
+    assert not call["copy_pages"]  # nor a copy of the pages
+    assert [(p["num_splits"], p["copy_pages"]) for p in ext.of("kvcache_plan")] == [(2, True), (1, False)]
     appended = torch.from_numpy(arrays["k_cache"])
     # keys 5, 6 of sequence 0 (pages 4, 0); keys 3, 4 of sequence 1 (pages 5, 1: across a boundary)
     positions = [(0, 1), (0, 2), (5, 3), (1, 0)]

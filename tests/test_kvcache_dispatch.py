@@ -3,7 +3,9 @@
 
 Prefill-sized calls (128 query rows per sequence or more) run on the Hopper path on sm90,
 contiguous or with pages that its TMA boxes read (multiples of 16 keys, kernels of head dims that
-are multiples of 64); decoding, other page sizes and other GPUs run the Ampere path's kernels."""
+are multiples of 64); from 1024 query rows per K/V head, pages shorter than 64 keys are copied
+into a contiguous workspace first where one may be allocated (up to 256 MiB); decoding, other
+page sizes and other GPUs run the Ampere path's kernels."""
 
 from __future__ import annotations
 
@@ -80,3 +82,45 @@ def test_a_head_dim_compiled_exactly_on_the_ampere_path_only_stays_there():
     build = {"ampere": dict(BOTH["ampere"], head_dims=[64, 80, 128]), "hopper": BOTH["hopper"]}
     assert choose(build, seqlen_q=4096, headdim=80) == (AMPERE, 80)
     assert choose(build, seqlen_q=4096, headdim=128) == (HOPPER, 128)
+
+
+MIB = 1 << 20
+
+
+def copies(backend=AUTO, capability=90, headdim=128, seqlen_q=4096, page_size=16, group=4,
+           copy_bytes=64 * MIB, build=None):
+    """(path code, kernel head dim, copies_pages) of a bf16 KV-cache call whose pages could be
+    copied into copy_bytes of workspace (0: none allowed)."""
+    return _C._choose_kvcache_in(build or BOTH, backend, capability, headdim, seqlen_q, page_size,
+                                 group, copy_bytes)
+
+
+@pytest.mark.parametrize("page_size", [1, 5, 16, 32, 48, 100])
+def test_long_prefill_copies_pages_shorter_than_a_key_block(page_size):
+    assert copies(page_size=page_size) == (HOPPER, 128, True)
+    assert copies(page_size=page_size, seqlen_q=256, group=4) == (HOPPER, 128, True)  # 1024 rows per K/V head
+    assert copies(page_size=page_size, headdim=96) == (HOPPER, 96, True)  # any kernel reads the copy
+
+
+@pytest.mark.parametrize("page_size", [0, 64, 128, 256, 4096])
+def test_pages_of_whole_key_blocks_and_contiguous_caches_are_read_in_place(page_size):
+    assert copies(page_size=page_size) == (HOPPER, 128, False)
+
+
+def test_copies_need_the_rows_the_workspace_and_the_hopper_path():
+    assert copies(seqlen_q=255, group=4) == (HOPPER, 128, False)  # below 1024 rows: TMA boxes
+    assert copies(seqlen_q=255, group=4, page_size=1) == (AMPERE, 128, False)  # the Ampere path's gather
+    assert copies(copy_bytes=0) == (HOPPER, 128, False)  # no workspace allowed
+    assert copies(copy_bytes=256 * MIB + 1) == (HOPPER, 128, False)  # above the bound
+    assert copies(copy_bytes=256 * MIB + 1, page_size=1) == (AMPERE, 128, False)
+    assert copies(capability=80) == (AMPERE, 128, False)
+    assert copies(backend=AMPERE) == (AMPERE, 128, False)
+    assert copies(seqlen_q=1) == (AMPERE, 128, False)
+
+
+def test_explicit_hopper_copies_pages_its_loads_cannot_read():
+    assert copies(backend=HOPPER, seqlen_q=1, page_size=1) == (HOPPER, 128, True)
+    assert copies(backend=HOPPER, seqlen_q=1, page_size=16) == (HOPPER, 128, False)  # its TMA boxes read them
+    assert copies(backend=HOPPER, page_size=16) == (HOPPER, 128, True)
+    with pytest.raises(ValueError, match=r"^page_table: the Hopper path reads pages of a multiple of 16"):
+        copies(backend=HOPPER, page_size=1, copy_bytes=0)

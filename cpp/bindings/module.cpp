@@ -461,7 +461,7 @@ void kvcache_forward(Tensor q, Tensor k_cache, Tensor v_cache, MutableTensor out
                      std::optional<Tensor> v_new, std::optional<Tensor> cu_seqlens_q, int64_t max_seqlen_q,
                      float softmax_scale, bool causal, int64_t window_left, int64_t window_right, float softcap,
                      std::optional<Tensor> alibi_slopes, int64_t num_splits, std::optional<MutableTensor> workspace,
-                     int backend, uintptr_t stream) {
+                     int backend, uintptr_t stream, bool copy_pages) {
   const Varlen vl(cu_seqlens_q, std::nullopt, std::nullopt, q);
   const Rows qr = rows_of(q, vl.packed_q(), "q"), outr = rows_of(out, vl.packed_q(), "out");
   if (!outr.same_rows(qr)) throw nb::value_error("q, out: shapes do not match");
@@ -498,6 +498,7 @@ void kvcache_forward(Tensor q, Tensor k_cache, Tensor v_cache, MutableTensor out
       throw nb::type_error("k_new, v_new: expected q's dtype");
   }
   c.num_splits = num_splits;
+  c.copy_pages = copy_pages;
   if (workspace) p.workspace = workspace->data(), p.workspace_bytes = workspace->nbytes();
   set_call(p, q, softmax_scale, causal, window_left, window_right, softcap, stream);
   if (k_cache.dtype() != q.dtype() || v_cache.dtype() != q.dtype() || out.dtype() != q.dtype())
@@ -514,7 +515,8 @@ void kvcache_forward(Tensor q, Tensor k_cache, Tensor v_cache, MutableTensor out
 std::tuple<int64_t, size_t> kvcache_plan(int64_t batch, int64_t seqlen_q, int64_t nheads, int64_t nheads_kv,
                                          int64_t headdim, int64_t headdim_v, int64_t max_seqlen_k, int64_t num_splits,
                                          int64_t total_q, const std::string& dtype, bool causal, int64_t window_left,
-                                         int64_t window_right, bool alibi, int device, int backend, int64_t page_size) {
+                                         int64_t window_right, bool alibi, int device, int backend, int64_t page_size,
+                                         bool copy_pages) {
   static const int32_t kNotRead = 0;
   KvCacheCall call;
   auto& p = call.p;
@@ -529,6 +531,7 @@ std::tuple<int64_t, size_t> kvcache_plan(int64_t batch, int64_t seqlen_q, int64_
   p.device = device;
   call.c.cache_seqlens = &kNotRead;
   call.c.num_splits = num_splits;
+  call.c.copy_pages = copy_pages;
   if (page_size > 0) {  // the plan's kernel depends on it (paged_kernels.h); the table is not read
     call.c.page_table = &kNotRead;
     call.c.page_size = page_size, call.c.num_pages = 1;
@@ -728,17 +731,34 @@ flashcute::KernelCatalogue catalogue_of(const nb::dict& build) {
   return c;
 }
 
+flashcute::KernelChoice choose_in(const nb::dict& build, int backend, int capability, const flashcute::KernelQuery& query) {
+  flashcute::KernelChoice choice;
+  raise_on_error(flashcute::choose_kernel_in(catalogue_of(build), query, static_cast<flashcute::Backend>(backend),
+                                             capability, &choice));
+  return choice;
+}
+
 std::tuple<int, int, int> choose_kernel_in(const nb::dict& build, int backend, int capability, int64_t headdim,
                                            int64_t headdim_v, const std::string& dtype, bool backward,
                                            bool deterministic, bool kv_cache, int64_t kv_seqlen_q,
                                            int64_t page_size) {
-  flashcute::KernelChoice choice;
   flashcute::KernelQuery query = kernel_query(headdim, headdim_v, dtype, backward, deterministic);
   query.kv_cache = kv_cache, query.kv_seqlen_q = kv_seqlen_q;
   query.paged_kv = page_size > 0, query.page_size = page_size;
-  raise_on_error(flashcute::choose_kernel_in(catalogue_of(build), query, static_cast<flashcute::Backend>(backend),
-                                             capability, &choice));
+  const flashcute::KernelChoice choice = choose_in(build, backend, capability, query);
   return {static_cast<int>(choice.backend), choice.headdim, choice.headdim_v};
+}
+
+// (backend, kernel head dim, whether the pages are copied) of a bf16 KV-cache call.
+std::tuple<int, int, bool> choose_kvcache_in(const nb::dict& build, int backend, int capability, int64_t headdim,
+                                             int64_t kv_seqlen_q, int64_t page_size, int64_t kv_group,
+                                             int64_t kv_copy_bytes) {
+  flashcute::KernelQuery query = kernel_query(headdim, 0, "bfloat16", false, false);
+  query.kv_cache = true, query.kv_seqlen_q = kv_seqlen_q;
+  query.paged_kv = page_size > 0, query.page_size = page_size;
+  query.kv_group = kv_group, query.kv_copy_bytes = kv_copy_bytes;
+  const flashcute::KernelChoice choice = choose_in(build, backend, capability, query);
+  return {static_cast<int>(choice.backend), choice.headdim, choice.copies_pages};
 }
 
 int device_capability(int device) {
@@ -835,16 +855,16 @@ NB_MODULE(_C, m) {
         nb::arg("v_new").none(), nb::arg("cu_seqlens_q").none(), nb::arg("max_seqlen_q"), nb::arg("softmax_scale"),
         nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap"),
         nb::arg("alibi_slopes").none(), nb::arg("num_splits"), nb::arg("workspace").none(), nb::arg("backend"),
-        nb::arg("stream"),
+        nb::arg("stream"), nb::arg("copy_pages") = true,
         "Attention against a KV cache (contiguous, or paged with page_table), after appending k_new/v_new at "
-        "cache_seqlens; num_splits and workspace from kvcache_plan.");
+        "cache_seqlens; num_splits, workspace and copy_pages as given to kvcache_plan.");
   m.def("kvcache_plan", &kvcache_plan, nb::arg("batch"), nb::arg("seqlen_q"), nb::arg("nheads"), nb::arg("nheads_kv"),
         nb::arg("headdim"), nb::arg("headdim_v"), nb::arg("max_seqlen_k"), nb::arg("num_splits"), nb::arg("total_q"),
         nb::arg("dtype"), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"), nb::arg("alibi"),
-        nb::arg("device"), nb::arg("backend"), nb::arg("page_size") = 0,
+        nb::arg("device"), nb::arg("backend"), nb::arg("page_size") = 0, nb::arg("copy_pages") = true,
         "(num_splits, workspace bytes) of a KV-cache call; max_seqlen_k: the cache's capacity in keys; "
         "total_q >= 0 with cu_seqlens_q, else -1; num_splits 0 asks for the heuristic; page_size: a paged "
-        "cache's (0: contiguous).");
+        "cache's (0: contiguous); copy_pages: a prefill may copy the pages into the workspace.");
   m.def("merge_states", &merge_states, nb::arg("out_a"), nb::arg("lse_a"), nb::arg("out_b"), nb::arg("lse_b"),
         nb::arg("out"), nb::arg("lse"), nb::arg("stream"),
         "Merges two attention states (out, lse) of the same rows over disjoint keys into out and lse.");
@@ -903,6 +923,11 @@ NB_MODULE(_C, m) {
         nb::arg("page_size") = 0,
         "Test hook: choose_kernel on a stand-in build's catalogue (kv_cache: an attention_with_kvcache call "
         "of kv_seqlen_q query rows per sequence, paged where page_size > 0).");
+  m.def("_choose_kvcache_in", &choose_kvcache_in, nb::arg("build"), nb::arg("backend"), nb::arg("capability"),
+        nb::arg("headdim"), nb::arg("kv_seqlen_q"), nb::arg("page_size"), nb::arg("kv_group"),
+        nb::arg("kv_copy_bytes"),
+        "Test hook: (backend, kernel head dim, copies_pages) of a bf16 KV-cache call on a stand-in build's "
+        "catalogue, with kv_group query heads per K/V head and a page copy of kv_copy_bytes (0: none allowed).");
   m.def("device_capability", &device_capability, nb::arg("device"),
         "Compute capability of a CUDA device as major*10+minor.");
   m.def(

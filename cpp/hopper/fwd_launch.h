@@ -236,6 +236,9 @@ Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
     if (cudaError_t err = cudaMemsetAsync(kp.split_count, 0, split.workspace.count_bytes, stream); err != cudaSuccess)
       return cuda_status(err, "cudaMemsetAsync (split tile counts)");
   }
+  if (p.after_kv_copy)
+    return cuda_status(launch_dependent(kernel, dim3(grid), dim3(Traits::kThreads), kSmem, stream, true, kp),
+                       "hopper forward launch");
   kernel<<<grid, Traits::kThreads, kSmem, stream>>>(kp);
   return cuda_status(cudaGetLastError(), "hopper forward launch");
 }

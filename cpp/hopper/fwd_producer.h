@@ -44,6 +44,7 @@ CUTE_DEVICE void produce_fwd(FwdParams<Traits> const& params, typename Traits::S
   Tensor tKsK = tma_k.partition_D(sK);  // (TMA, ..., stage)
   Tensor tVsV = tma_v.partition_D(sV);
 
+  if (args.after_kv_copy) asm volatile("griddepcontrol.wait;" ::: "memory");  // K/V are the copy's output
   auto k_state = cutlass::make_producer_start_state<PipelineKV>();
   auto v_state = cutlass::make_producer_start_state<PipelineKV>();
   int iteration = 0;  // tiles run (a variable-length batch skips those past their sequence)

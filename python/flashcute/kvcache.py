@@ -38,16 +38,18 @@ def backend_code(ext: Any, backend: Optional[str]) -> int:
 
 
 def kvcache_plan(
-    ext: Any, problem: KVCacheProblem, causal: bool, code: int, num_splits: Optional[int] = None
+    ext: Any, problem: KVCacheProblem, causal: bool, code: int, num_splits: Optional[int] = None,
+    copy_pages: bool = True,
 ) -> tuple[int, int]:
     """(num_splits to launch with, workspace bytes) of a validated problem, as the library
-    plans it; ``num_splits`` overrides the problem's (0: the heuristic)."""
+    plans it; ``num_splits`` overrides the problem's (0: the heuristic); ``copy_pages=False``
+    keeps a paged prefill on the pages instead of a contiguous copy in the workspace."""
     splits, nbytes = ext.kvcache_plan(
         problem.batch, problem.seqlen_q, problem.nheads, problem.nheads_kv, problem.headdim,
         problem.headdim_v, problem.capacity,
         problem.num_splits if num_splits is None else num_splits, problem.total_q,
         problem.dtype, causal, problem.window_left, problem.window_right, problem.alibi,
-        problem.device_id, code, problem.pages[1] if problem.pages is not None else 0,
+        problem.device_id, code, problem.pages[1] if problem.pages is not None else 0, copy_pages,
     )
     return int(splits), int(nbytes)
 
@@ -116,8 +118,10 @@ def attention_with_kvcache(
         out: optional tensor of q's shape and dtype to write into (not for jax arrays); it is
             returned.
         backend: None (the library chooses: on sm90 the Hopper path from 128 query rows per
-            sequence where its loads read the pages, else the Ampere path), "ampere" or
-            "hopper" (refused for pages that are not a multiple of 16 keys).
+            sequence where its loads read the pages or from 1024 rows per K/V head, where short
+            pages are copied into a contiguous workspace first; else the Ampere path), "ampere"
+            or "hopper" (pages that its loads cannot read are copied; refused where no workspace
+            can be allocated).
 
     The values of ``cache_seqlens``, ``page_table`` and ``cu_seqlens_q`` are read only on the
     device, where the kernels clamp them into the tensors: values that break the rules above
@@ -231,8 +235,9 @@ def attention_with_kvcache_dlpack(
     lse = alloc.empty(like, problem.lse_shape, "float32") if return_lse else None
     if problem.launches:
         splits, nbytes = kvcache_plan(ext, problem, causal, code)
-        if nbytes > 0 and alloc is None:  # nothing can allocate a workspace: run unsplit
-            splits, nbytes = kvcache_plan(ext, problem, causal, code, num_splits=1)
+        copy_pages = alloc is not None
+        if nbytes > 0 and not copy_pages:  # nothing can allocate a workspace: unsplit, on the pages
+            splits, nbytes = kvcache_plan(ext, problem, causal, code, num_splits=1, copy_pages=False)
         workspace = alloc.empty(like, (nbytes,), "uint8") if nbytes > 0 else None
         sync = _prepare(alloc, list(x.values()))
         stream = alloc.stream(like) if alloc is not None else 0
@@ -242,7 +247,7 @@ def attention_with_kvcache_dlpack(
             a["q"], a["k_cache"], a["v_cache"], launchable(result_x), launchable(lse),
             a["cache_seqlens"], a["page_table"], a["k_new"], a["v_new"], a["cu_seqlens_q"],
             problem.seqlen_q, problem.scale, causal, problem.window_left, problem.window_right,
-            problem.softcap, a["alibi_slopes"], splits, launchable(workspace), code, stream,
+            problem.softcap, a["alibi_slopes"], splits, launchable(workspace), code, stream, copy_pages,
         )
         if sync:
             _synchronize(ext, stream, problem.device_id)

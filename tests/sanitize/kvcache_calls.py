@@ -6,7 +6,7 @@ Small ``attention_with_kvcache`` calls, well-formed ones first (head dims 64, 72
 last also on the narrow split-KV tile of sm90; page sizes 1, 16 and 64 and a contiguous cache,
 appends across page boundaries, GQA and MQA, causal, window, softcap, ALiBi, packed queries,
 split-KV with 1, 3, 64 and the heuristic's splits; on sm90, prefill on the Hopper path with
-its paged TMA loads), then a fuzzed corpus of the values the
+its paged TMA loads and with pages copied to a workspace), then a fuzzed corpus of the values the
 host never reads and the kernels must clamp: page ids below 0, at or beyond num_pages and
 near 2^31; cache_seqlens below 0, beyond the table's capacity and near 2^31, with and without
 appends (which must not write outside the cache); packed-query offsets that break the rules.
@@ -167,7 +167,8 @@ def _varlen_calls(dtype: torch.dtype, rng: random.Random, gen: torch.Generator) 
 def _hopper_prefill_calls(dtype: torch.dtype, rng: random.Random, gen: torch.Generator) -> int:
     """Prefill on the Hopper path (sm90 builds with it only): 130 query rows with and without
     appends against contiguous caches and pages of 16 and 64 keys (TMA boxes from the table's
-    pages), head dims 64, 128 and 256, over the fuzzed lengths and page ids."""
+    pages), and pages of 1 and 5 keys and 512 rows on pages of 16 (the pages copied into a
+    contiguous workspace first), head dims 64, 128 and 256, over the fuzzed lengths and page ids."""
     if torch.cuda.get_device_capability() != (9, 0):
         return 0
     hopper = flashcute.build_info()["backends"]["hopper"]
@@ -175,10 +176,10 @@ def _hopper_prefill_calls(dtype: torch.dtype, rng: random.Random, gen: torch.Gen
     for headdim in (64, 128, 256):
         if headdim not in hopper["head_dims"] or str(dtype).split(".")[-1] not in hopper["dtypes"]:
             continue
-        for page_size in (16, 64, None):
+        for page_size, seqlen_q in ((16, 130), (64, 130), (None, 130), (1, 130), (5, 130), (16, 512)):
             k, v, max_pages = _cache(page_size, headdim, dtype, gen)
             capacity = CAPACITY if max_pages is None else max_pages * page_size
-            q = torch.randn(BATCH, 130, 4, headdim, device="cuda", dtype=dtype, generator=gen)
+            q = torch.randn(BATCH, seqlen_q, 4, headdim, device="cuda", dtype=dtype, generator=gen)
             for seqlen_new in (0, 3):
                 new = None
                 if seqlen_new:

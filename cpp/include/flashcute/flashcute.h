@@ -251,10 +251,13 @@ struct KVCacheParams {
   // Key blocks of each query tile split over this many CTAs (split-KV), merged through the
   // workspace; 0: chosen from the device's wave efficiency (attention_with_kvcache_plan).
   int64_t num_splits = 0;
+  // A prefill against a paged cache may copy the cache's used rows into the workspace and read
+  // them from there (KernelChoice::copies_pages); false keeps it on the pages.
+  bool copy_pages = true;
 };
 
 // The splits a KV-cache call runs with and the workspace it needs (fp32 partial outputs, 0 bytes
-// for one split), for the params' sizes, mask and head dims on params.device. No pointer is
+// for one split; or the contiguous copy of a paged cache), for the params' sizes, mask and head dims on params.device. No pointer is
 // read, but a paged call's plan needs cache.page_table non-null (any value) and its page_size:
 // paged calls may run on another kernel or path (paged_kernels.h). The same params give the
 // same plan, so a CUDA graph may capture the call.
@@ -265,10 +268,12 @@ FLASHCUTE_API Status attention_with_kvcache_plan(const AttentionForwardParams& p
 // Attention against a KV cache (decoding, chunked prefill): appends k_new/v_new, then runs the
 // forward over the cache with the params' q, out, lse, scale, causal, window, softcap and ALiBi
 // (q may be packed with cu_seqlens_q; cu_seqlens_k, seqused_k and dropout are refused). kAuto
-// runs prefill-sized calls on the Hopper path on sm90 where its TMA loads read the pages,
-// everything else on the Ampere-path kernels (choose_kernel); kHopper is refused, naming
-// page_table, for pages those loads cannot read. params.workspace: attention_with_kvcache_plan's
-// bytes. No allocation and no host synchronization: capturable.
+// runs prefill-sized calls on the Hopper path on sm90 where its TMA loads read the pages or the
+// pages are copied into the workspace first (KernelChoice::copies_pages), everything else on the
+// Ampere-path kernels (choose_kernel); kHopper copies pages those loads cannot read, and is
+// refused, naming page_table, where cache.copy_pages is false or the copy would pass its bound.
+// params.workspace: attention_with_kvcache_plan's bytes. No allocation and no host
+// synchronization: capturable.
 FLASHCUTE_API Status attention_with_kvcache(const AttentionForwardParams& params, const KVCacheParams& cache,
                                             Backend backend = Backend::kAuto);
 
@@ -312,6 +317,10 @@ struct KernelQuery {
   // pages; decoding runs the Ampere path's split-KV kernels (see choose_kernel).
   int64_t kv_seqlen_q = 0;
   int64_t page_size = 0;
+  // Paged prefill: query heads per K/V head, and the bytes of a contiguous copy of the cache's
+  // capacity (0: no workspace for one). See KernelChoice::copies_pages.
+  int64_t kv_group = 1;
+  int64_t kv_copy_bytes = 0;
 };
 
 // The compiled kernel that runs a call.
@@ -319,6 +328,9 @@ struct KernelChoice {
   Backend backend = Backend::kAuto;  // kAmpere or kHopper
   int headdim = 0;                   // the kernel's head dim: the call's, rounded up
   int headdim_v = 0;                 // the kernel's V head dim
+  // KV-cache calls: the paged cache's used rows are first copied into a contiguous workspace,
+  // which the kernel reads instead of the pages (kv_gather.h).
+  bool copies_pages = false;
 };
 
 // Which path and kernel run a call when `backend` is requested on a GPU of compute capability
