@@ -5,12 +5,14 @@
 #pragma once
 
 #include <algorithm>
+#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "flashcute/flashcute.h"
 #include "launch_status.h"
+#include "hopper/fwd_config.h"
 #include "paged_kernels.h"
 
 namespace flashcute {
@@ -263,13 +265,20 @@ inline Status choose_backward(const KernelCatalogue& c, const KernelQuery& r, Ba
 constexpr int64_t kKvCacheHopperRows = 128;
 
 // A prefill against a paged cache copies the cache's used rows into a contiguous workspace
-// first (kv_gather.h) when the copy costs little beside the forward: pages whose TMA boxes would
-// be shorter than a 64-key block (measured at 0.64-0.90 of a contiguous cache) or that the boxes
-// cannot read, at least kKvCacheCopyRows query rows per K/V head (the copy moves a key once, the
-// forward reads it once per query tile), and a workspace of at most kKvCacheCopyBytes (the whole
-// capacity of every sequence). Measured: benchmarks/results/h100-kvcache-prefill.txt.
+// first (kv_gather.h) when the copy costs little beside the forward: pages that the Hopper
+// path's TMA boxes cannot read, or read in boxes shorter than 64 rows (measured at 0.60-0.90 of a
+// contiguous cache), at least kKvCacheCopyRows query rows per K/V head (the copy moves a key
+// once, the forward reads it once per query tile), and a workspace of at most kKvCacheCopyBytes
+// (the whole capacity of every sequence). Measured: benchmarks/results/h100-kvcache-prefill.txt.
 constexpr int64_t kKvCacheCopyRows = 1024;
 constexpr int64_t kKvCacheCopyBytes = int64_t(256) << 20;
+
+// Rows of the Hopper path's TMA boxes for pages of page_size keys on the kernel of head dim
+// kernel_headdim: gcd(page size, keys per block) (hopper/fwd_paged_kv.h); 0 for no such kernel.
+inline int64_t hopper_page_box_rows(int kernel_headdim, int64_t page_size) {
+  const int64_t block_n = hopper::fwd_tile_size(kernel_headdim).block_n;
+  return block_n > 0 && page_size > 0 ? std::gcd(page_size, block_n) : 0;
+}
 
 // The path a KV-cache call runs on, as a request to choose_forward, and whether it copies the
 // pages: the Hopper path for prefill-sized calls on sm90 where it compiles the head dim (exactly,
@@ -286,15 +295,21 @@ inline Status choose_kvcache(const KernelCatalogue& c, const KernelQuery& r, Bac
                                          : std::pair<int, int>{0, 0};
   const bool pages_fit = hopper_kernel.first > 0 &&
                          hopper_reads_pages(hopper_kernel.first, hopper_kernel.second, page_size);
-  const bool copy_allowed = hopper_kernel.first > 0 && page_size > 0 && page_size % 64 != 0 &&
+  const int64_t block_n = hopper::fwd_tile_size(hopper_kernel.first).block_n;
+  const bool short_boxes = pages_fit && page_size > 0 &&
+                           hopper_page_box_rows(hopper_kernel.first, page_size) < std::min<int64_t>(64, block_n);
+  const bool copy_allowed = hopper_kernel.first > 0 && page_size > 0 && (!pages_fit || short_boxes) &&
                             r.kv_copy_bytes > 0 && r.kv_copy_bytes <= kKvCacheCopyBytes;
   const bool copy_pays = copy_allowed && r.kv_seqlen_q * std::max<int64_t>(r.kv_group, 1) >= kKvCacheCopyRows;
   const bool ampere_runs = runs_on(Backend::kAmpere, capability) && not_compiled(c, Backend::kAmpere, r, true).empty();
-  if (requested == Backend::kHopper && !pages_fit && copy_allowed) {
-    *path = requested, *copies = true;
+  // Pages the boxes cannot read, on the Hopper path by request or for want of the Ampere path's
+  // kernels: copied whatever the rows.
+  const bool hopper_only = requested == Backend::kAuto && !ampere_runs && default_backend_of(c, capability) == Backend::kHopper;
+  if ((requested == Backend::kHopper || hopper_only) && !pages_fit && copy_allowed) {
+    *path = Backend::kHopper, *copies = true;
     return Status{};
   }
-  if (hopper_kernel.first > 0 && !pages_fit && !copy_pays &&
+  if (hopper_kernel.first > 0 && !pages_fit &&
       (requested == Backend::kHopper || (requested == Backend::kAuto && !ampere_runs)))
     return refuse("page_table: the Hopper path reads pages of a multiple of 16 keys on kernels of head dims that "
                   "are multiples of 64 (this call: page size " + std::to_string(page_size) + ", kernel head dim " +

@@ -80,12 +80,18 @@ __global__ void __launch_bounds__(kThreads) kv_gather_kernel(const KvGatherParam
 
 KvGatherLayout kv_gather_layout(int64_t batch, int64_t capacity, int64_t heads_kv, int64_t headdim, int64_t headdim_v,
                                 int elem_bytes) {
+  // Saturating products: a size past 2^62 bytes reads as 2^62, which no bound on the copy admits.
+  constexpr uint64_t kHuge = uint64_t(1) << 62;
+  auto times = [&](uint64_t a, int64_t b) {
+    const uint64_t f = uint64_t(std::max<int64_t>(b, 0));
+    return f != 0 && a > kHuge / f ? kHuge : a * f;
+  };
+  const uint64_t rows = times(times(times(1, batch), capacity), heads_kv);
+  const uint64_t k_bytes = times(times(rows, headdim), elem_bytes);
+  const uint64_t v_bytes = times(times(rows, headdim_v), elem_bytes);
   KvGatherLayout l;
-  const size_t rows = size_t(std::max<int64_t>(batch, 0)) * size_t(std::max<int64_t>(capacity, 0)) *
-                      size_t(std::max<int64_t>(heads_kv, 0));
-  const size_t k_bytes = rows * size_t(std::max<int64_t>(headdim, 0)) * elem_bytes;
-  l.v_offset = (k_bytes + 255) / 256 * 256;
-  l.bytes = l.v_offset + rows * size_t(std::max<int64_t>(headdim_v, 0)) * elem_bytes;
+  l.v_offset = size_t(std::min(kHuge, (k_bytes + 255) / 256 * 256));
+  l.bytes = size_t(std::min(kHuge, uint64_t(l.v_offset) + v_bytes));
   return l;
 }
 

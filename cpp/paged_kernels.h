@@ -9,8 +9,8 @@
 // Hopper path: TMA boxes of gcd(page_size, keys per block) rows, each inside one page and one
 // key block, at least 16 rows (at most 8 boxes per block, whose pages the producer reads ahead
 // in registers), and 64 columns wide (one 128-byte swizzle row): page sizes that are multiples
-// of 16, on kernels whose head dims are multiples of 64. Long prefills copy pages shorter than a
-// block into a contiguous workspace instead (kv_gather.h; dispatch_policy.h decides).
+// of 16, on kernels whose head dims are multiples of 64. Long prefills copy pages read in boxes
+// shorter than 64 rows into a contiguous workspace instead (kv_gather.h; dispatch_policy.h).
 #pragma once
 
 #include <cstdint>

@@ -158,6 +158,21 @@ def test_long_prefill_copies_short_pages(gen, page_size, heads, causal):
         check_call(cache, q, lengths, k_new=k_new, v_new=v_new, causal=causal, backend=backend)
 
 
+@pytest.mark.parametrize("headdim", [64, 112, 256])
+@pytest.mark.parametrize("page_size", [5, 64])
+def test_copied_pages_per_kernel_key_block(gen, headdim, page_size):
+    """Whether pages are copied follows the kernel's key block: pages of 64 are read in place by
+    the hd 64 kernel (128-key blocks, 64-row boxes) and copied for hd 256 (80-key blocks, 16-row
+    boxes); pages of 5 are always copied. 112 runs the hd 128 kernel on its first 112 columns."""
+    _need(headdim)
+    cache = Cache(gen, 2, 700, 2, headdim, DTYPE, page_size)
+    q = _randn(gen, 2, 520, 8, headdim, dtype=DTYPE)
+    copied = not (page_size == 64 and _kernel(headdim) in (64, 128))
+    planned = _copy_bytes(cache, q, _int32([0, 0]), causal=True)
+    assert planned == (_full_copy(cache, 2, headdim) if copied else 0)
+    check_call(cache, q, [cache.capacity, 333], causal=True, softmax_scale=0.6 / math.sqrt(headdim))
+
+
 @pytest.mark.parametrize("mask", [dict(causal=True, window=(300, 0), softcap=20.0), dict(window=(200, 90))],
                          ids=["causal_window_softcap", "window_both_sides"])
 def test_copied_pages_with_masks_and_packed_queries(gen, mask):

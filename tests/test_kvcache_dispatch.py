@@ -3,9 +3,9 @@
 
 Prefill-sized calls (128 query rows per sequence or more) run on the Hopper path on sm90,
 contiguous or with pages that its TMA boxes read (multiples of 16 keys, kernels of head dims that
-are multiples of 64); from 1024 query rows per K/V head, pages shorter than 64 keys are copied
-into a contiguous workspace first where one may be allocated (up to 256 MiB); decoding, other
-page sizes and other GPUs run the Ampere path's kernels."""
+are multiples of 64); from 1024 query rows per K/V head, pages those boxes read in fewer than 64
+rows or cannot read are copied into a contiguous workspace first where one may be allocated (up
+to 256 MiB); decoding, other page sizes and other GPUs run the Ampere path's kernels."""
 
 from __future__ import annotations
 
@@ -105,6 +105,22 @@ def test_long_prefill_copies_pages_shorter_than_a_key_block(page_size):
 @pytest.mark.parametrize("page_size", [0, 64, 128, 256, 4096])
 def test_pages_of_whole_key_blocks_and_contiguous_caches_are_read_in_place(page_size):
     assert copies(page_size=page_size) == (HOPPER, 128, False)
+    assert copies(page_size=page_size, headdim=64) == (HOPPER, 64, False)  # 128-key blocks: boxes of 64 rows
+
+
+def test_copies_follow_each_kernels_key_block():
+    """Boxes are gcd(page size, keys per block) rows: hd 256's 80-key blocks read pages of 64,
+    128 or 256 in 16-row boxes, hd 192's 96-key blocks pages of 64 in 32-row boxes, so those are
+    copied; pages of 80 (and contiguous caches) are read in place. The hd 96 kernel's loads read
+    no pages: any page size is copied."""
+    for page_size in (64, 128, 256):
+        assert copies(page_size=page_size, headdim=256) == (HOPPER, 256, True)
+    assert copies(page_size=80, headdim=256) == (HOPPER, 256, False)
+    assert copies(page_size=0, headdim=256) == (HOPPER, 256, False)
+    assert copies(page_size=64, headdim=192) == (HOPPER, 192, True)
+    assert copies(page_size=96, headdim=192) == (HOPPER, 192, False)
+    assert copies(page_size=64, headdim=96) == (HOPPER, 96, True)
+    assert copies(page_size=64, headdim=96, backend=HOPPER, seqlen_q=1) == (HOPPER, 96, True)
 
 
 def test_copies_need_the_rows_the_workspace_and_the_hopper_path():
@@ -124,3 +140,12 @@ def test_explicit_hopper_copies_pages_its_loads_cannot_read():
     assert copies(backend=HOPPER, page_size=16) == (HOPPER, 128, True)
     with pytest.raises(ValueError, match=r"^page_table: the Hopper path reads pages of a multiple of 16"):
         copies(backend=HOPPER, page_size=1, copy_bytes=0)
+
+
+def test_a_build_without_the_ampere_path_copies_pages_it_cannot_read():
+    hopper_only = {"ampere": {"head_dims": [], "backward_head_dims": [], "dtypes": []},
+                   "hopper": BOTH["hopper"]}
+    assert copies(build=hopper_only, seqlen_q=128, group=1, page_size=1) == (HOPPER, 128, True)
+    assert copies(build=hopper_only, seqlen_q=1, group=1, page_size=16) == (HOPPER, 128, False)
+    with pytest.raises(ValueError, match=r"^page_table: .* no Ampere-path kernel"):
+        copies(build=hopper_only, seqlen_q=128, group=1, page_size=1, copy_bytes=0)

@@ -257,10 +257,11 @@ struct KVCacheParams {
 };
 
 // The splits a KV-cache call runs with and the workspace it needs (fp32 partial outputs, 0 bytes
-// for one split; or the contiguous copy of a paged cache), for the params' sizes, mask and head dims on params.device. No pointer is
-// read, but a paged call's plan needs cache.page_table non-null (any value) and its page_size:
-// paged calls may run on another kernel or path (paged_kernels.h). The same params give the
-// same plan, so a CUDA graph may capture the call.
+// for one split; or a paged cache's contiguous copy), for the params' sizes, mask and head dims
+// on params.device. No pointer is read, but a paged call's plan needs cache.page_table non-null
+// (any value), its page_size and max_pages, and cache.copy_pages: paged calls may run on another
+// kernel or path (paged_kernels.h) or copy the pages. The same params give the same plan, so a
+// CUDA graph may capture the call.
 FLASHCUTE_API Status attention_with_kvcache_plan(const AttentionForwardParams& params, const KVCacheParams& cache,
                                                  int64_t* num_splits, size_t* workspace_bytes,
                                                  Backend backend = Backend::kAuto);
