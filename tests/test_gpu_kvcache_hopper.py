@@ -17,8 +17,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import flashcute  # noqa: E402
+from flashcute import reference  # noqa: E402
 from test_gpu_forward import SUPPORT  # noqa: E402
-from test_gpu_kvcache import DEVICE, Cache, _int32, _new, _randn, check_call, gen  # noqa: E402,F401
+from test_gpu_kvcache import DEVICE, Cache, _int32, _new, _randn, _same_nan, check_call, check_out, gen  # noqa: E402,F401
 
 from flashcute._torch_kvcache import forward_plan  # noqa: E402
 from flashcute._validate import kernel_window  # noqa: E402
@@ -171,6 +172,55 @@ def test_copied_pages_per_kernel_key_block(gen, headdim, page_size):
     planned = _copy_bytes(cache, q, _int32([0, 0]), causal=True)
     assert planned == (_full_copy(cache, 2, headdim) if copied else 0)
     check_call(cache, q, [cache.capacity, 333], causal=True, softmax_scale=0.6 / math.sqrt(headdim))
+
+
+def test_cuda_graph_replay_of_a_copied_prefill(gen):
+    """A prefill chunk with appends on pages of 16 that the library copies (the copy, then the
+    forward as its programmatic dependent), captured once and replayed with new cache_seqlens,
+    page table, q, appended keys and cache contents: each replay matches its own reference."""
+    _need(128)
+    batch, seqlen_q, nheads, nheads_kv, capacity = 2, 300, 8, 2, 900
+    cache = Cache(gen, batch, capacity, nheads_kv, 128, DTYPE, 16)
+    static = dict(q=_randn(gen, batch, seqlen_q, nheads, 128, dtype=DTYPE), seqlens=_int32([0, 500]),
+                  table=cache.table.clone())
+    k_new, v_new = _new(gen, batch, seqlen_q, nheads_kv, dtype=DTYPE)
+    assert _copy_bytes(cache, static["q"], static["seqlens"], k_new, v_new, True) > 0
+
+    def step():
+        return flashcute.attention_with_kvcache(
+            static["q"], cache.k, cache.v, cache_seqlens=static["seqlens"], page_table=static["table"],
+            k_new=k_new, v_new=v_new, causal=True, return_lse=True)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out, static_lse = step()
+    for lengths in ([600, 17], [0, 0], [cache.capacity - seqlen_q, 333]):
+        fresh = Cache(gen, batch, capacity, nheads_kv, 128, DTYPE, 16)
+        fresh.poison(lengths)
+        k_before, v_before = fresh.k.clone(), fresh.v.clone()
+        q = _randn(gen, batch, seqlen_q, nheads, 128, dtype=DTYPE)
+        new_k, new_v = _new(gen, batch, seqlen_q, nheads_kv, dtype=DTYPE)
+        ref_args = dict(cache_seqlens=_int32(lengths), page_table=fresh.table, k_new=new_k, v_new=new_v,
+                        causal=True)
+        ref = reference.attention_with_kvcache(q, k_before, v_before, dtype=torch.float64, **ref_args)
+        low = reference.attention_with_kvcache(q, k_before, v_before, dtype=q.dtype, **ref_args)
+        for name, value in (("q", q), ("seqlens", _int32(lengths)), ("table", fresh.table)):
+            static[name].copy_(value)
+        cache.k.copy_(k_before)
+        cache.v.copy_(v_before)
+        k_new.copy_(new_k)
+        v_new.copy_(new_v)
+        static_out.fill_(math.nan)
+        static_lse.fill_(math.nan)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _same_nan(cache.k, ref.k_cache) and _same_nan(cache.v, ref.v_cache)
+        check_out(static_out, static_lse, ref, low)
 
 
 @pytest.mark.parametrize("mask", [dict(causal=True, window=(300, 0), softcap=20.0), dict(window=(200, 90))],
