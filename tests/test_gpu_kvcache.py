@@ -376,6 +376,15 @@ def test_cuda_graph_replay_with_new_metadata(gen, page_size):
             static["q"], cache.k, cache.v, cache_seqlens=static["seqlens"],
             page_table=static["table"], k_new=k_new, v_new=v_new, return_lse=True)
 
+    graph, outs = capture(step)
+    replay_rounds(graph, static, cache, (k_new, v_new), outs,
+                  [[511, 255, 0, 16], [0, 1, 2, 3], [300, 511, 15, 64]],
+                  lambda: Cache(gen, batch, capacity, nheads_kv, HEADDIM, DTYPE, page_size),
+                  lambda: (_randn(gen, batch, 1, nheads, HEADDIM), *_new(gen, batch, 1, nheads_kv)))
+
+
+def capture(step):
+    """(graph, step's outputs): the step warmed up on a side stream, then captured once."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -384,25 +393,31 @@ def test_cuda_graph_replay_with_new_metadata(gen, page_size):
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        static_out, static_lse = step()
-    rounds = [[511, 255, 0, 16], [0, 1, 2, 3], [300, 511, 15, 64]]
+        outs = step()
+    return graph, outs
+
+
+def replay_rounds(graph, static, cache: Cache, new, outs, rounds, fresh_cache, fresh_inputs, **mask):
+    """Replays a captured step once per key counts in ``rounds``: a fresh cache's contents and
+    shuffled table, and fresh (q, k_new, v_new), copied into the captured tensors (``static``
+    holds q, seqlens and table; ``new`` k_new and v_new); each replay's cache, out and lse
+    checked against the reference of its own inputs."""
+    static_out, static_lse = outs
     for lengths in rounds:
-        fresh = Cache(gen, batch, capacity, nheads_kv, HEADDIM, DTYPE, page_size)
+        fresh = fresh_cache()
         fresh.poison(lengths)
         k_before, v_before = fresh.k.clone(), fresh.v.clone()
-        q = _randn(gen, batch, 1, nheads, HEADDIM)
-        new_k, new_v = _new(gen, batch, 1, nheads_kv)
+        q, new_k, new_v = fresh_inputs()
         ref_args = dict(cache_seqlens=_int32(lengths), page_table=fresh.table, k_new=new_k,
-                        v_new=new_v)
-        ref = reference.attention_with_kvcache(q, k_before, v_before, **ref_args)
+                        v_new=new_v, **mask)
+        ref = reference.attention_with_kvcache(q, k_before, v_before, dtype=torch.float64, **ref_args)
         low = reference.attention_with_kvcache(q, k_before, v_before, dtype=q.dtype, **ref_args)
-        # New contents in the captured tensors; the shuffled table of the fresh cache.
         for name, value in (("q", q), ("seqlens", _int32(lengths)), ("table", fresh.table)):
             static[name].copy_(value)
         cache.k.copy_(k_before)
         cache.v.copy_(v_before)
-        k_new.copy_(new_k)
-        v_new.copy_(new_v)
+        new[0].copy_(new_k)
+        new[1].copy_(new_v)
         static_out.fill_(math.nan)
         static_lse.fill_(math.nan)
         graph.replay()

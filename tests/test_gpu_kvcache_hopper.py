@@ -17,9 +17,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import flashcute  # noqa: E402
-from flashcute import reference  # noqa: E402
 from test_gpu_forward import SUPPORT  # noqa: E402
-from test_gpu_kvcache import DEVICE, Cache, _int32, _new, _randn, _same_nan, check_call, check_out, gen  # noqa: E402,F401
+from test_gpu_kvcache import (  # noqa: E402,F401
+    DEVICE, Cache, _int32, _new, _randn, capture, check_call, gen, replay_rounds)
 
 from flashcute._torch_kvcache import forward_plan  # noqa: E402
 from flashcute._validate import kernel_window  # noqa: E402
@@ -191,36 +191,13 @@ def test_cuda_graph_replay_of_a_copied_prefill(gen):
             static["q"], cache.k, cache.v, cache_seqlens=static["seqlens"], page_table=static["table"],
             k_new=k_new, v_new=v_new, causal=True, return_lse=True)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out, static_lse = step()
-    for lengths in ([600, 17], [0, 0], [cache.capacity - seqlen_q, 333]):
-        fresh = Cache(gen, batch, capacity, nheads_kv, 128, DTYPE, 16)
-        fresh.poison(lengths)
-        k_before, v_before = fresh.k.clone(), fresh.v.clone()
-        q = _randn(gen, batch, seqlen_q, nheads, 128, dtype=DTYPE)
-        new_k, new_v = _new(gen, batch, seqlen_q, nheads_kv, dtype=DTYPE)
-        ref_args = dict(cache_seqlens=_int32(lengths), page_table=fresh.table, k_new=new_k, v_new=new_v,
-                        causal=True)
-        ref = reference.attention_with_kvcache(q, k_before, v_before, dtype=torch.float64, **ref_args)
-        low = reference.attention_with_kvcache(q, k_before, v_before, dtype=q.dtype, **ref_args)
-        for name, value in (("q", q), ("seqlens", _int32(lengths)), ("table", fresh.table)):
-            static[name].copy_(value)
-        cache.k.copy_(k_before)
-        cache.v.copy_(v_before)
-        k_new.copy_(new_k)
-        v_new.copy_(new_v)
-        static_out.fill_(math.nan)
-        static_lse.fill_(math.nan)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert _same_nan(cache.k, ref.k_cache) and _same_nan(cache.v, ref.v_cache)
-        check_out(static_out, static_lse, ref, low)
+    graph, outs = capture(step)
+    replay_rounds(graph, static, cache, (k_new, v_new), outs,
+                  [[600, 17], [0, 0], [cache.capacity - seqlen_q, 333]],
+                  lambda: Cache(gen, batch, capacity, nheads_kv, 128, DTYPE, 16),
+                  lambda: (_randn(gen, batch, seqlen_q, nheads, 128, dtype=DTYPE),
+                           *_new(gen, batch, seqlen_q, nheads_kv, dtype=DTYPE)),
+                  causal=True)
 
 
 @pytest.mark.parametrize("mask", [dict(causal=True, window=(300, 0), softcap=20.0), dict(window=(200, 90))],
