@@ -312,8 +312,10 @@ inline Status choose_kvcache(const KernelCatalogue& c, const KernelQuery& r, Bac
   if (hopper_kernel.first > 0 && !pages_fit &&
       (requested == Backend::kHopper || (requested == Backend::kAuto && !ampere_runs)))
     return refuse("page_table: the Hopper path reads pages of a multiple of 16 keys on kernels of head dims that "
-                  "are multiples of 64 (this call: page size " + std::to_string(page_size) + ", kernel head dim " +
-                  std::to_string(hopper_kernel.first) + ")" +
+                  "are multiples of 64, and copies other pages only into a workspace of at most " +
+                  std::to_string(kKvCacheCopyBytes >> 20) + " MiB that the caller's framework can allocate (this "
+                  "call: page size " + std::to_string(page_size) +
+                  ", kernel head dim " + std::to_string(hopper_kernel.first) + ")" +
                   (ampere_runs ? "; pass backend=None or 'ampere'" : "; this build has no Ampere-path kernel for it"));
   if (requested != Backend::kAuto) {
     *path = requested;  // choose_forward names what else is missing
