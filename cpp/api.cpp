@@ -336,9 +336,12 @@ FwdKernelParams kernel_params(const AttentionForwardParams& p) {
   k.v_descale_block_stride = p.v_descale_block_stride;
   k.q_descale_head_div = p.q_descale_per_kv_head ? k.heads_per_kv : 1;
   k.out_fp16 = is_fp8(p) && p.out_dtype == DType::kFloat16;
-  // Variable-length calls never split (their tiles' work differs per sequence).
+  // Variable-length calls never split (their tiles' work differs per sequence); they claim
+  // their tiles through the workspace's first int where it has one.
   k.workspace = varlen(p) ? nullptr : p.workspace;
   k.workspace_bytes = k.workspace == nullptr ? 0 : p.workspace_bytes;
+  if (varlen(p) && p.workspace != nullptr && p.workspace_bytes >= hopper::kFwdClaimBytes)
+    k.tile_claims = static_cast<int*>(p.workspace);
   return k;
 }
 
@@ -552,7 +555,7 @@ Status attention_forward_workspace_size(const AttentionForwardParams& given, siz
   const AttentionForwardParams params = bounded(given);
   if (Status s = check_problem(params); !s.ok()) return s;
   if (params.batch == 0 || params.seqlen_q == 0 || params.nheads == 0) return Status{};  // launches nothing
-  if (varlen(params) || is_fp8(params)) return Status{};  // variable-length and FP8 calls never split
+  if (is_fp8(params)) return Status{};  // FP8 calls never split and keep the fixed tile order
   // Only the Hopper path splits its last wave, and only on a device that runs it.
   int capability = 0;
   if (backend == Backend::kAmpere || !device_capability(params.device, &capability).ok()) return Status{};
@@ -562,6 +565,10 @@ Status attention_forward_workspace_size(const AttentionForwardParams& given, siz
   const auto kernel = kernel_dims(params, Backend::kHopper);
   const int kernel_headdim = kernel.first, kernel_headdim_v = kernel.second;
   if (resolved != Backend::kHopper || capability != 90 || kernel_headdim == 0) return Status{};
+  if (varlen(params)) {  // never split; the counter of the claimed tile order
+    *bytes = hopper::fwd_claim_bytes(kernel_params(params), kernel_headdim);
+    return Status{};
+  }
   int device = params.device;
   if (device < 0 && cudaGetDevice(&device) != cudaSuccess) return Status{};
   int sms = 0;

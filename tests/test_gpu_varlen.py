@@ -322,6 +322,74 @@ def test_many_short_sequences_and_one_long(gen, backend):
         check_varlen_grads(batch, grads, dout, causal=True, window=NO_WINDOW, softcap=0.0)
 
 
+def _launch_forward(batch: Batch, out, lse, *, causal, workspace):
+    """The binding's Hopper-path forward of a packed batch, with or without a workspace."""
+    from torch.utils.dlpack import to_dlpack
+
+    from flashcute._dispatch import choose_backend
+    from flashcute.varlen import varlen_extension
+
+    ext = varlen_extension()
+    code = choose_backend("hopper", int(ext.device_capability(batch.q.device.index)),
+                          headdim=batch.q.shape[-1], dtype=DTYPE)
+    capsule = lambda x: None if x is None else to_dlpack(x)  # noqa: E731
+    ext.forward(capsule(batch.q), capsule(batch.k), capsule(batch.v), capsule(out), capsule(lse),
+                batch.q.shape[-1] ** -0.5, causal, code, torch.cuda.current_stream().cuda_stream,
+                capsule(workspace), -1, -1, 0.0, None, capsule(batch.cu_q), capsule(batch.cu_k),
+                capsule(batch.used), batch.max_q, batch.max_k)
+
+
+@pytest.mark.skipif("hopper" not in _fwd_backends(HEADDIM) or HEADDIM > 128,
+                    reason="no Hopper-path forward with claimed tiles here (head dims up to 128)")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqused", [False, True])
+def test_claimed_tile_order(gen, causal, seqused):
+    """A packed batch on the Hopper path claims its tiles through the workspace's counter
+    (zeroed by the call): every tile runs once, so out and lse are bit for bit those of the
+    fixed order (no workspace), eagerly and replayed from a CUDA graph, with several claims
+    per CTA, and right against the reference."""
+    from flashcute.varlen import varlen_extension
+
+    lengths = [(37 * i % 700 + 1, 53 * i % 900) for i in range(60)] + [(0, 5), (2100, 1900)]
+    batch = Batch(gen, lengths, nheads=8, nheads_kv=2, seqused=seqused)
+    ext = varlen_extension()
+    nbytes = int(ext.forward_workspace_size(
+        len(lengths), batch.max_q, batch.max_k, 8, 2, HEADDIM, DTYPE, causal,
+        int(ext.BACKEND_HOPPER), batch.q.device.index, total_q=batch.q.shape[0],
+        total_k=batch.k.shape[0], seqused_k=batch.used is not None))
+    assert nbytes > 0, "the Hopper path's varlen forward asks for its counter"
+
+    def fresh():
+        return (torch.full_like(batch.q, math.nan),
+                torch.full((8, batch.q.shape[0]), math.nan, device="cuda", dtype=torch.float32))
+
+    fixed_out, fixed_lse = fresh()
+    _launch_forward(batch, fixed_out, fixed_lse, causal=causal, workspace=None)
+    check_varlen_forward(batch, fixed_out, fixed_lse, causal=causal, window=NO_WINDOW, softcap=0.0)
+    # Poisoned workspace: the call zeroes its counter.
+    workspace = torch.full((nbytes,), 0x7F, dtype=torch.uint8, device="cuda")
+    for _ in range(3):
+        out, lse = fresh()
+        _launch_forward(batch, out, lse, causal=causal, workspace=workspace)
+        assert torch.equal(out, fixed_out) and torch.equal(lse, fixed_lse)
+    out, lse = fresh()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _launch_forward(batch, out, lse, causal=causal, workspace=workspace)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _launch_forward(batch, out, lse, causal=causal, workspace=workspace)
+    for _ in range(3):
+        out.fill_(math.nan)
+        lse.fill_(math.nan)
+        workspace.fill_(0x7F)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, fixed_out) and torch.equal(lse, fixed_lse)
+
+
 @pytest.mark.parametrize("backend", _fwd_backends(HEADDIM))
 def test_flash_attn_varlen_func(gen, backend):
     batch = Batch(gen, MIXED)

@@ -38,6 +38,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     storage.q_full.init(1);
     storage.q_empty.init(Traits::kQEmptyArrivals);
     storage.o_empty.init(Traits::kConsumers);
+    if constexpr (Traits::kClaimsTiles)
+      storage.claims.init(4 * Traits::kConsumers + Traits::kTransposeWarps);  // the warps that read each claimed tile
   }
 
   typename PipelineKV::Params pipeline_params;
@@ -79,12 +81,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #endif
 }
 
-// Zeroes the split tiles' counts (fwd_tail_split.h) for a forward kernel launched as this
-// grid's programmatic dependent: that kernel starts at once and waits for this grid only where
-// a piece counts itself (leave_split_piece), so the zeroing runs under its first key blocks
+// Zeroes the split tiles' counts (fwd_tail_split.h) or the tile claims' counter
+// (tile_scheduler.h) for a forward kernel launched as this grid's programmatic dependent: that
+// kernel starts at once and waits for this grid only where a piece counts itself
+// (leave_split_piece) or before its first claim, so the zeroing runs under its first key blocks
 // instead of ahead of it, as a memset would.
 template <int kThreads>
-__global__ void __launch_bounds__(kThreads) fwd_zero_split_counts(int* counts, int n) {
+__global__ void __launch_bounds__(kThreads) fwd_zero_counts(int* counts, int n) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   for (int i = threadIdx.x; i < n; i += kThreads) counts[i] = 0;

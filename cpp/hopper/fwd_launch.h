@@ -211,12 +211,20 @@ Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
                                           fwd_tile_size(kHeadDim, kSecondTile).block_n == Traits::kBlockN));
   // 8-bit calls never split (their workspace size is 0): a piece's state would need its descales.
   const FwdSplitPlan split = Traits::kTransposesV ? FwdSplitPlan{} : plan_fwd_split(call, kHeadDim, sm_count, kHeadDimV);
+  int* counts = nullptr;  // counts that must be zero at launch: the split tiles', or the tile claims
+  size_t count_bytes = 0;
   if (split.split.tiles > 0 && p.workspace != nullptr && p.workspace_bytes >= split.workspace.bytes) {
     kp.schedule.split = split.split;
     kp.split_count = static_cast<int*>(p.workspace);
     kp.split_state = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + split.workspace.count_bytes);
     grid = split.split.ctas;
-    // The counts must be zero before a piece counts itself. Under CUDA-graph capture a small
+    counts = kp.split_count, count_bytes = split.workspace.count_bytes;
+  } else if (Traits::kClaimsTiles && fwd_claims_tiles(p)) {
+    kp.schedule.claims = p.tile_claims;
+    counts = p.tile_claims, count_bytes = sizeof(int);
+  }
+  if (counts != nullptr) {
+    // The counts must be zero before the kernel counts. Under CUDA-graph capture a small
     // kernel zeroes them and the forward kernel runs as its programmatic dependent, so the
     // zeroing overlaps the first key blocks (H200, split decoding calls replayed from graphs:
     // 0.3-1.0 us less per call). Launched eagerly, that costs the host a second kernel launch
@@ -227,14 +235,13 @@ Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
       return cuda_status(err, "cudaStreamIsCapturing");
     if (capture == cudaStreamCaptureStatusActive) {
       constexpr int kZeroThreads = 32;
-      fwd_zero_split_counts<kZeroThreads><<<1, kZeroThreads, 0, stream>>>(
-          kp.split_count, static_cast<int>(split.workspace.count_bytes / sizeof(int)));
-      if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return cuda_status(err, "split counts launch");
+      fwd_zero_counts<kZeroThreads><<<1, kZeroThreads, 0, stream>>>(counts, static_cast<int>(count_bytes / sizeof(int)));
+      if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return cuda_status(err, "zeroing launch");
       return cuda_status(launch_dependent(kernel, dim3(grid), dim3(Traits::kThreads), kSmem, stream, true, kp),
                          "hopper forward launch");
     }
-    if (cudaError_t err = cudaMemsetAsync(kp.split_count, 0, split.workspace.count_bytes, stream); err != cudaSuccess)
-      return cuda_status(err, "cudaMemsetAsync (split tile counts)");
+    if (cudaError_t err = cudaMemsetAsync(counts, 0, count_bytes, stream); err != cudaSuccess)
+      return cuda_status(err, "cudaMemsetAsync (forward counts)");
   }
   if (p.after_kv_copy)
     return cuda_status(launch_dependent(kernel, dim3(grid), dim3(Traits::kThreads), kSmem, stream, true, kp),

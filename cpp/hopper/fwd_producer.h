@@ -48,12 +48,14 @@ CUTE_DEVICE void produce_fwd(FwdParams<Traits> const& params, typename Traits::S
   auto k_state = cutlass::make_producer_start_state<PipelineKV>();
   auto v_state = cutlass::make_producer_start_state<PipelineKV>();
   int iteration = 0;  // tiles run (a variable-length batch skips those past their sequence)
-  for (TileWalk walk(params.schedule); walk.valid(); walk.advance()) {
+  TileWalk<Traits::kClaimsTiles, true> walk(params.schedule, storage.claims);
+  for (; walk.valid(); walk.advance()) {
     const FwdTile tile = walk.tile();
     const SeqView view = SeqView::of(args, tile.batch);
     const SeqTile<Traits> place = seq_tile(params, tile.m_block, view.seqlen_q);  // causal pairs per sequence
     const int row0 = place.row0();
     if (row0 >= view.seqlen_q) continue;  // the consumers skip it too
+    walk.publish(iteration);  // claimed order: the consumers' tile `iteration`
     const int kv_head = tile.head / args.heads_per_kv;
     const TileKeyBlocks blocks = tile_key_blocks(params, tile, view);  // a split piece: its own only
     const int n_begin = blocks.n_begin, n_end = blocks.n_end;
@@ -156,6 +158,7 @@ CUTE_DEVICE void produce_fwd(FwdParams<Traits> const& params, typename Traits::S
     wait_o_buffer();  // tiles without key blocks still complete a phase
     ++iteration;
   }
+  walk.publish(iteration);  // claimed order: the end
 }
 
 }  // namespace flashcute::hopper

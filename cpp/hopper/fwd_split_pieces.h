@@ -81,7 +81,7 @@ CUTE_DEVICE bool leave_split_piece(FwdParams<Traits> const& params, int consumer
   if (consumer == 0 && threadIdx.x % 128 == 0) {
     FwdTailSplit const& split = params.schedule.split;
     // Under CUDA-graph capture the counts are zeroed by the grid this one follows as its
-    // programmatic dependent (fwd_zero_split_counts): wait for it. A no-op otherwise.
+    // programmatic dependent (fwd_zero_counts): wait for it. A no-op otherwise.
     asm volatile("griddepcontrol.wait;" ::: "memory");
     counted_last = count_arrive(params.split_count + tile.split) == split.parts(tile.split) - 1;
   }

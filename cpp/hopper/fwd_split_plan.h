@@ -4,6 +4,7 @@
 #pragma once
 
 #include <climits>
+#include <cstddef>
 
 #include "fwd_tail_split.h"
 #include "hopper/fwd_config.h"
@@ -38,6 +39,16 @@ inline FwdSplitPlan plan_fwd_split(const FwdKernelParams& call, int headdim, int
   plan.split = plan_fwd_tail_split(static_cast<int>(units), key_blocks, sms, p.seqlen_q % block_m != 0, few_rows);
   plan.workspace = fwd_split_workspace(plan.split, tile.consumers, headdim_v);
   return plan;
+}
+
+// Variable-length batches claim their tiles through a counter (tile_scheduler.h) in the
+// workspace, on the three-consumer tiles of 16-bit kernels (FwdTraits::kClaimsTiles).
+constexpr size_t kFwdClaimBytes = 16;
+inline bool fwd_claims_tiles(const FwdKernelParams& p) { return fwd_varlen(p) && p.tile_claims != nullptr; }
+// The workspace bytes a 16-bit call asks for its claims: `headdim`, the kernel's.
+inline size_t fwd_claim_bytes(const FwdKernelParams& p, int headdim) {
+  const FwdTileSize tile = fwd_tile_size(headdim, fwd_second_tile(headdim, p.seqlen_q, p.seqlen_k, p.causal));
+  return fwd_varlen(p) && tile.consumers == 3 ? kFwdClaimBytes : 0;
 }
 
 }  // namespace flashcute::hopper

@@ -14,6 +14,7 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "hopper/fwd_config.h"
+#include "hopper/tile_scheduler.h"
 
 namespace flashcute::hopper {
 
@@ -41,6 +42,10 @@ struct FwdTraits {
   static constexpr int kBlockN = kBlockN_;    // keys per block
   static constexpr int kStages = kStages_;    // K and V pipelines, each
   static constexpr int kConsumers = kConsumers_;
+  // Variable-length calls claim their tiles (tile_scheduler.h) on the three-consumer tiles (hd
+  // 64 to 128, 16-bit). Compiled into the two-consumer ones (hd 192 and 256, no registers to
+  // spare) it made short dense calls up to 8 % slower on an H100 (benchmarks/results/README.md).
+  static constexpr bool kClaimsTiles = !kTransposesV && kConsumers == 3;
   static constexpr int kRowsPerConsumer = 64; // one WGMMA M extent
   static constexpr int kBlockM = kRowsPerConsumer * kConsumers;
   static constexpr int kThreads = 128 * (kConsumers + 1);
@@ -157,6 +162,7 @@ struct FwdTraits {
     cutlass::arch::ClusterTransactionBarrier q_full;  // Q of the current tile landed
     cutlass::arch::ClusterBarrier q_empty;            // consumers are done with Q's buffer
     cutlass::arch::ClusterBarrier o_empty;            // O in V's buffer: the O stores have read it
+    TileClaims claims;                                // the claimed tile order's ring (tile_scheduler.h)
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= kSmemLimit, "tile does not fit in shared memory");

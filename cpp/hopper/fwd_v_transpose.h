@@ -83,7 +83,8 @@ CUTE_DEVICE void transpose_v(FwdParams<Traits> const& params, typename Traits::S
 
   auto v_state = cutlass::PipelineState<Traits::kStages>();
   auto vt_state = cutlass::make_producer_start_state<typename Traits::PipelineVt>();
-  for (TileWalk walk(params.schedule); walk.valid(); walk.advance()) {
+  int step = 0;  // tiles run (the claimed order hands on only tiles with rows)
+  for (TileWalk<Traits::kClaimsTiles> walk(params.schedule, storage.claims); walk.valid(); walk.advance(++step)) {
     const FwdTile tile = walk.tile();
     const SeqView view = SeqView::of(args, tile.batch);
     const TileKeyBlocks blocks = tile_key_blocks(params, tile, view);

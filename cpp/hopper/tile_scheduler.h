@@ -17,9 +17,18 @@
 // Without causal masking the last wave's tiles may be shared by all CTAs instead
 // (fwd_tail_split.h): after its whole units a CTA runs one or two pieces, each a range of one
 // tile's key blocks.
+//
+// Variable-length batches claim their units instead: a unit's work follows its sequence's
+// length, which the host does not know, and a fixed round-robin leaves some CTAs far more of it
+// than others. CTA i starts with unit i and takes each next one from a zeroed counter (grid
+// size + the counter's old value), so units still start in order (the CTAs running at once share
+// a few heads' K/V in L2) but go to whichever CTA is free. The producer thread claims them and
+// hands each tile with rows to the consumers through a two-slot ring in shared memory
+// (TileClaims).
 #pragma once
 
 #include <cute/config.hpp>
+#include <cutlass/arch/barrier.h>
 
 #include "fwd_tail_split.h"
 
@@ -52,6 +61,7 @@ struct TileSchedule {
   bool paired;         // causal: units are (M-1-p, p) pairs of query blocks
   bool last_block_last;  // not paired: every head's last query block after all the others
   FwdTailSplit split;    // not paired: units [split.whole_units, num_units) run as pieces
+  int* claims;           // claimed order: the counter, zero at launch; null: round-robin
 
   CUTE_HOST_DEVICE static TileSchedule make(int num_m_blocks, int nheads, int batch, int group_size, bool paired,
                                             bool last_block_last = false) {
@@ -100,22 +110,74 @@ struct TileSchedule {
   }
 };
 
+// Shared memory of the claimed order: the tiles the producer runs, in turn, step s (its s-th
+// tile with rows, the consumers' iteration s) in slot s % 2; `full` completes a phase when the
+// producer has written a slot, `empty` when every other walking warp (consumers, V
+// transposers) has read it. A tile of batch -1 ends the walk. Tiles without rows are never
+// handed on, so a reader's step is its own tile count.
+struct TileClaims {
+  int tile[2][3];     // m_block, head, batch
+  int claimer_next;   // the claimer's next unit, claimed one unit ahead (its thread has few registers)
+  cutlass::arch::ClusterBarrier full[2], empty[2];
+
+  // By the claimer's thread.
+  CUTE_DEVICE void init(int reader_warps) {
+    for (int s = 0; s < 2; ++s) full[s].init(1), empty[s].init(reader_warps);
+  }
+  CUTE_DEVICE void publish(int step, int m_block, int head, int batch) {
+    const int slot = step & 1;
+    if (step >= 2) empty[slot].wait(((step >> 1) - 1) & 1);
+    tile[slot][0] = m_block, tile[slot][1] = head, tile[slot][2] = batch;
+    full[slot].arrive();  // release: the tile is written before the phase completes
+  }
+  // Every lane of a reading warp.
+  CUTE_DEVICE FwdUnit receive(int step) {
+    const int slot = step & 1;
+    full[slot].wait((step >> 1) & 1);
+    volatile int* t = tile[slot];
+    FwdUnit u;
+    u.m_blocks[0] = u.m_blocks[1] = t[0];
+    u.head = t[1], u.batch = t[2];
+    u.count = 1;
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) empty[slot].arrive();
+    return u;
+  }
+};
+
 // One CTA's tiles in order: units blockIdx.x, + gridDim.x, ... below split.whole_units, each
 // unit's tiles in turn; then the pieces of its range of the split tiles' key blocks. The
 // pieces' ranges are recomputed per piece (at most two), the whole units' decoded once each.
+// In the claimed order (kClaims, and schedule.claims set), the producer thread (kClaimer)
+// claims units and hands on each tile it runs (publish); the other walking warps receive those
+// tiles, step by step (advance's argument: the tiles they ran so far); no pieces. Kernels
+// without it (kClaims false) compile the fixed order alone.
+template <bool kClaims, bool kClaimer = false>
 struct TileWalk {
   TileSchedule const& schedule;
+  TileClaims& claims;
   int unit_index;
   int part = 0;
   int piece = -1;  // -1 while whole units remain; then the piece (0 or 1)
   int pieces = 0;  // set when the whole units are done
   FwdUnit unit{};
 
-  CUTE_DEVICE explicit TileWalk(TileSchedule const& schedule_)
-      : schedule(schedule_), unit_index(blockIdx.x) {
-    if (unit_index < schedule.split.whole_units) unit = schedule.unit(unit_index);
-    else start_pieces();
+  CUTE_DEVICE TileWalk(TileSchedule const& schedule_, TileClaims& claims_)
+      : schedule(schedule_), claims(claims_), unit_index(blockIdx.x) {
+    if (claimed_order()) {
+      if constexpr (kClaimer) {
+        asm volatile("griddepcontrol.wait;" ::: "memory");  // the counter's zeroing
+        take(blockIdx.x);
+      } else {
+        receive(0);
+      }
+    } else if (unit_index < schedule.split.whole_units) {
+      unit = schedule.unit(unit_index);
+    } else {
+      start_pieces();
+    }
   }
+  CUTE_DEVICE bool claimed_order() const { return kClaims && schedule.claims != nullptr; }
   CUTE_DEVICE bool valid() const { return piece < pieces; }
   CUTE_DEVICE FwdTile tile() const { return piece < 0 ? unit.tile(part) : piece_tile(piece); }
   // Piece k (0 or 1) of this CTA's range of the split tiles' key blocks.
@@ -130,19 +192,48 @@ struct TileWalk {
     tile.split = t;
     return tile;
   }
-  CUTE_DEVICE void advance() {
+  // `step`: a reader's tiles run so far (the claimed order's next step).
+  CUTE_DEVICE void advance(int step = 0) {
     if (piece >= 0) {
       ++piece;
       return;
     }
     if (++part < unit.count) return;
     part = 0;
+    if (claimed_order()) {
+      if constexpr (kClaimer) take(claims.claimer_next);
+      else receive(step);
+      return;
+    }
     unit_index += gridDim.x;
     if (unit_index < schedule.split.whole_units) unit = schedule.unit(unit_index);
     else start_pieces();
   }
+  // The claimer, claimed order: hands on the current tile as step `step`, or (valid() false)
+  // the end. A no-op otherwise.
+  CUTE_DEVICE void publish(int step) {
+    static_assert(kClaimer);
+    if (!claimed_order()) return;
+    if (valid()) claims.publish(step, unit.tile(part).m_block, unit.head, unit.batch);
+    else claims.publish(step, 0, 0, -1);
+  }
 
  private:
+  // The claimer's next unit (past the units: the end), and the claim of the one after it.
+  CUTE_DEVICE void take(int next) {
+    if (next >= schedule.num_units) {
+      piece = pieces = 0;  // the walk ends
+      return;
+    }
+    unit_index = next;
+    unit = schedule.unit(next);
+    claims.claimer_next = atomicAdd(schedule.claims, 1) + int(gridDim.x);
+  }
+  CUTE_DEVICE void receive(int step) {
+    unit = claims.receive(step);
+    if (unit.batch < 0) piece = pieces = 0;  // the walk ends
+  }
+
   // Counts the split tiles this CTA's range touches (its range is never longer than a tile).
   CUTE_DEVICE void start_pieces() {
     FwdTailSplit const& split = schedule.split;

@@ -51,8 +51,9 @@ struct AttentionForwardParams {
   float* lse = nullptr;  // optional: (batch, nheads, seqlen_q) float32, natural log
   // Optional device workspace, 16-byte aligned, of attention_forward_workspace_size() bytes
   // (often 0). With it the Hopper path may run its last wave of query tiles split over all
-  // SMs; without it (or with fewer bytes) the call runs unsplit, with the same results. It
-  // needs no initialization and may be reused once the call's work has finished.
+  // SMs, and a variable-length call's CTAs claim their tiles; without it (or with fewer bytes)
+  // the call runs unsplit, in a fixed tile order, with the same results. It needs no
+  // initialization and may be reused once the call's work has finished.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 
@@ -142,8 +143,9 @@ constexpr int64_t kFp8DescaleBlock = 128;
 // Bytes of the optional forward workspace for these sizes, dtype, mask, ALiBi and backend on
 // params.device (pointers are not read; a non-null alibi_slopes only says that ALiBi is on):
 // fp32 partial results where the Hopper path splits the last wave of a call without causal or
-// window mask over all SMs (up to 2 · SMs · tile rows · (kernel head dim + 8) · 4 bytes),
-// else 0.
+// window mask over all SMs (up to 2 · SMs · tile rows · (kernel head dim + 8) · 4 bytes); 16
+// bytes for a variable-length call on the Hopper path at head dims up to 128 (the counter
+// through which its CTAs claim their tiles; FP8 calls: 0); else 0.
 FLASHCUTE_API Status attention_forward_workspace_size(const AttentionForwardParams& params, size_t* bytes,
                                                       Backend backend = Backend::kAuto);
 
