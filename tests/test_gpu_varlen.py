@@ -43,6 +43,8 @@ def _head_dim() -> int:
 
 
 HEADDIM = _head_dim()
+# The Hopper path's forward head dims here (each tile shape claims tiles its own way).
+HOPPER_DIMS = sorted(SUPPORT["hopper"][0]) if "hopper" in SUPPORT else []
 DTYPE = "bfloat16" if all("bfloat16" in dtypes for _, dtypes in SUPPORT.values()) else "float16"
 
 
@@ -339,11 +341,11 @@ def _launch_forward(batch: Batch, out, lse, *, causal, workspace):
                 capsule(batch.used), batch.max_q, batch.max_k)
 
 
-@pytest.mark.skipif("hopper" not in _fwd_backends(HEADDIM) or HEADDIM > 128,
-                    reason="no Hopper-path forward with claimed tiles here (head dims up to 128)")
+@pytest.mark.skipif(not HOPPER_DIMS, reason="no Hopper-path forward here")
+@pytest.mark.parametrize("headdim", HOPPER_DIMS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seqused", [False, True])
-def test_claimed_tile_order(gen, causal, seqused):
+def test_claimed_tile_order(gen, headdim, causal, seqused):
     """A packed batch on the Hopper path claims its tiles through the workspace's counter
     (zeroed by the call): every tile runs once, so out and lse are bit for bit those of the
     fixed order (no workspace), eagerly and replayed from a CUDA graph, with several claims
@@ -351,10 +353,10 @@ def test_claimed_tile_order(gen, causal, seqused):
     from flashcute.varlen import varlen_extension
 
     lengths = [(37 * i % 700 + 1, 53 * i % 900) for i in range(60)] + [(0, 5), (2100, 1900)]
-    batch = Batch(gen, lengths, nheads=8, nheads_kv=2, seqused=seqused)
+    batch = Batch(gen, lengths, nheads=8, nheads_kv=2, headdim=headdim, seqused=seqused)
     ext = varlen_extension()
     nbytes = int(ext.forward_workspace_size(
-        len(lengths), batch.max_q, batch.max_k, 8, 2, HEADDIM, DTYPE, causal,
+        len(lengths), batch.max_q, batch.max_k, 8, 2, headdim, DTYPE, causal,
         int(ext.BACKEND_HOPPER), batch.q.device.index, total_q=batch.q.shape[0],
         total_k=batch.k.shape[0], seqused_k=batch.used is not None))
     assert nbytes > 0, "the Hopper path's varlen forward asks for its counter"

@@ -56,9 +56,9 @@ Status encode_packed_rows(cute::TmaDescriptor* map, const void* ptr, int headdim
   return encode_swizzled_map<Element>(map, ptr, extents, strides, box, "packed query heads");
 }
 
-template <class Element, int kHeadDim, bool kSecondTile, int kHeadDimV>
+template <class Element, int kHeadDim, bool kSecondTile, int kHeadDimV, bool kClaimVariant = false>
 Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
-  using Traits = FwdTraitsFor<Element, kHeadDim, kSecondTile, kHeadDimV>;
+  using Traits = FwdTraitsFor<Element, kHeadDim, kSecondTile, kHeadDimV, kClaimVariant>;
   using ElementQK = typename Traits::ElementQK;
   using ElementV = typename Traits::ElementV;
   using ElementO = typename Traits::ElementO;
@@ -256,6 +256,9 @@ Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
 // kHeadDimV: V's and O's head dim where it differs (a (head dim, V head dim) pair kernel).
 template <class Element, int kHeadDim, int kHeadDimV = kHeadDim>
 Status run_fwd(const FwdKernelParams& p, cudaStream_t stream) {
+  if constexpr (kFwdClaimVariant<kHeadDim> && !kIsFp8<Element>) {  // claimed tiles: their kernel (fwd_traits.h)
+    if (fwd_claims_tiles(p)) return run_fwd_tiles<Element, kHeadDim, false, kHeadDimV, true>(p, stream);
+  }
   if constexpr (fwd_has_second_tile(kHeadDim) && kHeadDimV == kHeadDim && !kIsFp8<Element>) {
     if (fwd_second_tile(kHeadDim, p.seqlen_q, p.seqlen_k, p.causal))
       return run_fwd_tiles<Element, kHeadDim, true, kHeadDimV>(p, stream);

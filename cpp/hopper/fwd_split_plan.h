@@ -41,14 +41,9 @@ inline FwdSplitPlan plan_fwd_split(const FwdKernelParams& call, int headdim, int
   return plan;
 }
 
-// Variable-length batches claim their tiles through a counter (tile_scheduler.h) in the
-// workspace, on the three-consumer tiles of 16-bit kernels (FwdTraits::kClaimsTiles).
+// Variable-length batches of 16-bit calls claim their tiles through a counter (tile_scheduler.h)
+// in the workspace: the bytes it takes.
 constexpr size_t kFwdClaimBytes = 16;
 inline bool fwd_claims_tiles(const FwdKernelParams& p) { return fwd_varlen(p) && p.tile_claims != nullptr; }
-// The workspace bytes a 16-bit call asks for its claims: `headdim`, the kernel's.
-inline size_t fwd_claim_bytes(const FwdKernelParams& p, int headdim) {
-  const FwdTileSize tile = fwd_tile_size(headdim, fwd_second_tile(headdim, p.seqlen_q, p.seqlen_k, p.causal));
-  return fwd_varlen(p) && tile.consumers == 3 ? kFwdClaimBytes : 0;
-}
 
 }  // namespace flashcute::hopper

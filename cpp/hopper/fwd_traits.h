@@ -26,7 +26,7 @@ using namespace cute;
 // kHeadDimV: the head dim of V and O (default kHeadDim); Q·Kᵀ runs over kHeadDim, P·V and O
 // over kHeadDimV.
 template <class Element_, int kHeadDim_, int kBlockN_, int kStages_, int kConsumers_ = 2, int kHeadDimV_ = kHeadDim_,
-          class ElementO_ = Element_>
+          class ElementO_ = Element_, bool kClaimVariant_ = false>
 struct FwdTraits {
   using Element = Element_;
   using ElementQK = Element;
@@ -42,10 +42,12 @@ struct FwdTraits {
   static constexpr int kBlockN = kBlockN_;    // keys per block
   static constexpr int kStages = kStages_;    // K and V pipelines, each
   static constexpr int kConsumers = kConsumers_;
-  // Variable-length calls claim their tiles (tile_scheduler.h) on the three-consumer tiles (hd
-  // 64 to 128, 16-bit). Compiled into the two-consumer ones (hd 192 and 256, no registers to
-  // spare) it made short dense calls up to 8 % slower on an H100 (benchmarks/results/README.md).
-  static constexpr bool kClaimsTiles = !kTransposesV && kConsumers == 3;
+  // Variable-length calls claim their tiles (tile_scheduler.h), 16-bit only. The three-consumer
+  // tiles (hd 64 to 128) compile the claims in; the two-consumer ones (hd 192 and 256, no
+  // registers to spare) run them in a variant of their own (kClaimVariant_): compiled into the
+  // one kernel, they made its short dense calls up to 8 % slower on an H100
+  // (benchmarks/results/README.md).
+  static constexpr bool kClaimsTiles = !kTransposesV && (kConsumers == 3 || kClaimVariant_);
   static constexpr int kRowsPerConsumer = 64; // one WGMMA M extent
   static constexpr int kBlockM = kRowsPerConsumer * kConsumers;
   static constexpr int kThreads = 128 * (kConsumers + 1);
@@ -175,9 +177,11 @@ template <class Element, int kHeadDim, bool kSecondTile, class Shape =
           std::conditional_t<kIsFp8<Element>, FwdFp8TileShape<kHeadDim>,
                              std::conditional_t<kSecondTile, FwdSecondTileShape<kHeadDim>, FwdTileShape<kHeadDim>>>>
 struct FwdTileOf : Shape {};
-template <class Element, int kHeadDim, bool kSecondTile = false, int kHeadDimV = kHeadDim,
+template <class Element, int kHeadDim, bool kSecondTile = false, int kHeadDimV = kHeadDim, bool kClaimVariant = false,
           class Shape = FwdTileOf<Element, kHeadDim, kSecondTile>>
 using FwdTraitsFor = FwdTraits<Element, kHeadDim, Shape::kBlockN_, Shape::kStages_, Shape::kConsumers_, kHeadDimV,
-                               std::conditional_t<kIsFp8<Element>, cutlass::bfloat16_t, Element>>;
+                               std::conditional_t<kIsFp8<Element>, cutlass::bfloat16_t, Element>, kClaimVariant>;
+// Whether a head dim's 16-bit tile runs claimed tiles in a kernel variant of its own.
+template <int kHeadDim> constexpr bool kFwdClaimVariant = FwdTileShape<kHeadDim>::kConsumers_ != 3;
 
 }  // namespace flashcute::hopper

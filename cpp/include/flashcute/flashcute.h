@@ -144,8 +144,8 @@ constexpr int64_t kFp8DescaleBlock = 128;
 // params.device (pointers are not read; a non-null alibi_slopes only says that ALiBi is on):
 // fp32 partial results where the Hopper path splits the last wave of a call without causal or
 // window mask over all SMs (up to 2 · SMs · tile rows · (kernel head dim + 8) · 4 bytes); 16
-// bytes for a variable-length call on the Hopper path at head dims up to 128 (the counter
-// through which its CTAs claim their tiles; FP8 calls: 0); else 0.
+// bytes for a variable-length call on the Hopper path (the counter through which its CTAs
+// claim their tiles; FP8 calls: 0); else 0.
 FLASHCUTE_API Status attention_forward_workspace_size(const AttentionForwardParams& params, size_t* bytes,
                                                       Backend backend = Backend::kAuto);
 
