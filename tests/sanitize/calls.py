@@ -13,7 +13,7 @@ write only their columns), 40 and 72; GQA 2:1, causal and not, each without and 
 window and softcap, with both and ALiBi ((batch, nheads) slopes), and with dropout (alone, and
 beside the window and softcap; a given seed and offset, or a rng state on the device), odd lengths
 with seqlen_q != seqlen_k. Then variable-length batches (``attention_varlen``): mixed lengths with
-and without seqused_k, dropout on some of them, and a fuzzed corpus of offsets and used-key counts that break the rules
+and without seqused_k, dropout on some of them, many short sequences (more tiles than SMs), and a fuzzed corpus of offsets and used-key counts that break the rules
 (decreasing, negative, beyond the rows, near 2^31, max_seqlen below the real lengths), which
 the kernels must clamp without touching memory outside the tensors (the values are not checked
 on the host). On the Hopper path, V's own head dim too: the built (head dim, v head dim)
@@ -61,6 +61,8 @@ def varlen_corpus(seed: int = 0) -> list[tuple[list[int], list[int], list[int] |
         (good_q, good_k, [-5, 10, _BIG], 170, 257),                         # seqused_k out of range
         (good_q, good_k, [1000, 1000, 1000], 170, 1000),
         ([0, 300, 300, 300], [0, 400, 400, 400], [-_BIG - 1, 0, 3], 300, 400),
+        # Many short sequences: more query tiles than SMs, so Hopper-path CTAs claim several.
+        (list(range(0, VARLEN_TOTAL_Q + 1, 2)), [i * VARLEN_TOTAL_K // 150 for i in range(151)], None, 2, 3),
     ]
     rng = random.Random(seed)
     for _ in range(6):
@@ -165,12 +167,12 @@ def _dv_calls(family: str, forward_from: str | None, path: str, built: dict,
 
 def _varlen_calls(family: str, forward_from: str | None, path: str, built: dict,
                   head_dims: list[int], gen: torch.Generator) -> int:
-    """The variable-length corpus on one dtype and the head dims 64 and 72 (the latter on
-    the next larger kernel), causal and not, with and without window and softcap, and with both
-    and ALiBi."""
+    """The variable-length corpus on one dtype and the head dims 64, 72 and 200 (the latter
+    two on the next larger kernels; 200 on a two-consumer tile where the Hopper path runs one),
+    causal and not, with and without window and softcap, and with both and ALiBi."""
     dtype = torch.bfloat16 if "bfloat16" in built["dtypes"] else torch.float16
     count = 0
-    for headdim in (64, 72):
+    for headdim in (64, 72, 200):
         if not any(built_dim >= headdim for built_dim in head_dims):
             continue
         for i, (cu_q, cu_k, used, max_q, max_k) in enumerate(varlen_corpus()):
