@@ -340,7 +340,7 @@ FwdKernelParams kernel_params(const AttentionForwardParams& p) {
   // their tiles through the workspace's first int where it has one.
   k.workspace = varlen(p) ? nullptr : p.workspace;
   k.workspace_bytes = k.workspace == nullptr ? 0 : p.workspace_bytes;
-  if (varlen(p) && p.workspace != nullptr && p.workspace_bytes >= hopper::kFwdClaimBytes)
+  if ((varlen(p) || hopper::fwd_windowed(k)) && p.workspace != nullptr && p.workspace_bytes >= hopper::kFwdClaimBytes)
     k.tile_claims = static_cast<int*>(p.workspace);
   return k;
 }
@@ -573,7 +573,9 @@ Status attention_forward_workspace_size(const AttentionForwardParams& given, siz
   if (device < 0 && cudaGetDevice(&device) != cudaSuccess) return Status{};
   int sms = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return Status{};
-  *bytes = hopper::plan_fwd_split(kernel_params(params), kernel_headdim, sms, kernel_headdim_v).workspace.bytes;
+  const FwdKernelParams call = kernel_params(params);
+  *bytes = std::max(hopper::plan_fwd_split(call, kernel_headdim, sms, kernel_headdim_v).workspace.bytes,
+                    hopper::fwd_claim_bytes(call, kernel_headdim, sms));
   return Status{};
 }
 

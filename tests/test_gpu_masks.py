@@ -640,3 +640,59 @@ def test_torch_compile_fullgraph_window_softcap(gen):
     check_grads(compiled, q, k, v, dout, **mask)
     for a, b in zip(compiled[1:], eager[1:]):
         assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+HOPPER_FWD_DIMS = sorted(SUPPORT["hopper"][0]) if "hopper" in SUPPORT else []
+
+
+@pytest.mark.skipif(not HOPPER_FWD_DIMS, reason="no Hopper-path forward here")
+@pytest.mark.parametrize("headdim", HOPPER_FWD_DIMS)
+@pytest.mark.parametrize("window, causal", [((300, 0), True), ((250, 90), False), ((700, -1), False)])
+def test_window_claimed_tile_order(gen, headdim, window, causal):
+    """A window with a left side over more than two waves of tiles: the Hopper path asks for
+    a workspace, claims its tiles from the last one, and gives bit for bit what the fixed
+    order (no workspace) gives, eagerly and replayed from a CUDA graph."""
+    from torch.utils.dlpack import to_dlpack
+
+    from flashcute import _C as ext
+    from flashcute._dispatch import choose_backend
+
+    dtype = "bfloat16" if "bfloat16" in SUPPORT["hopper"][1] else "float16"
+    batch, seqlen_q, seqlen_k, nheads, nheads_kv = 3, 1999, 2300, 16, 4
+    q, k, v = make_qkv(gen, batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim, dtype)
+    device = q.device.index
+    code = choose_backend("hopper", int(ext.device_capability(device)), headdim=headdim, dtype=dtype)
+    nbytes = int(ext.forward_workspace_size(batch, seqlen_q, seqlen_k, nheads, nheads_kv, headdim, dtype,
+                                            causal, code, device, window[0], window[1]))
+    assert nbytes > 0, "a windowed call of many tiles asks for the claims' counter"
+
+    def launch(out, lse, workspace):
+        ext.forward(to_dlpack(q), to_dlpack(k), to_dlpack(v), to_dlpack(out), to_dlpack(lse),
+                    headdim ** -0.5, causal, code, torch.cuda.current_stream().cuda_stream,
+                    None if workspace is None else to_dlpack(workspace), window[0], window[1])
+
+    def fresh():
+        return poisoned_like(q), torch.full((batch, nheads, seqlen_q), math.nan, device="cuda")
+
+    fixed_out, fixed_lse = fresh()
+    launch(fixed_out, fixed_lse, None)
+    check_forward(fixed_out, fixed_lse, q, k, v, causal=causal, window=window, softcap=0.0)
+    workspace = torch.full((nbytes,), 0x7F, dtype=torch.uint8, device="cuda")
+    out, lse = fresh()
+    launch(out, lse, workspace)
+    assert torch.equal(out, fixed_out) and torch.equal(lse, fixed_lse)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        launch(out, lse, workspace)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch(out, lse, workspace)
+    for _ in range(2):
+        out.fill_(math.nan)
+        lse.fill_(math.nan)
+        workspace.fill_(0x7F)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, fixed_out) and torch.equal(lse, fixed_lse)

@@ -44,6 +44,15 @@ inline int head_group_size(const FwdKernelParams& p, int block_m, int headdim, i
   return static_cast<int>(std::min<int64_t>(fit, int64_t(p.nheads) * p.batch));
 }
 
+// (batch, head) pairs per group of a window's claimed tiles: as many as hold their window of K/V
+// (about left + 2 · block_m keys) in half of L2.
+inline int window_group_size(const FwdKernelParams& p, int block_m, int headdim, int element_bytes, int l2_bytes) {
+  const int64_t span = std::min<int64_t>(std::max(p.seqlen_k, 1), int64_t(p.window_left) + 2 * block_m);
+  const int64_t per_query_head = std::max<int64_t>(1, 2 * span * headdim * element_bytes / p.heads_per_kv);
+  const int64_t fit = std::max<int64_t>(1, (l2_bytes / 2) / per_query_head);
+  return static_cast<int>(std::min<int64_t>(fit, int64_t(p.nheads) * p.batch));
+}
+
 // Packed query heads (fwd_packed_heads.h): a tensor map of Q or O as (head dim, G heads of a
 // group, seqlen_q, K/V head, batch) with boxes of (64 columns, G, 64 / G rows), swizzled as the
 // unpacked boxes are.
@@ -192,7 +201,12 @@ Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
   const int num_m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
   if (int64_t(num_m_blocks) * p.nheads * p.batch > std::numeric_limits<int>::max())
     return make_status(StatusCode::kNotSupported, "hopper path: more than 2^31 query tiles");
-  const int group_size = head_group_size(p, Traits::kBlockM, p.headdim, sizeof(Element), l2_bytes);
+  // Claimed tiles (tile_scheduler.h); a window's from the last unit, its query tiles in
+  // descending order across groups of heads whose windows of K/V fit in half of L2.
+  const bool claimed = Traits::kClaimsTiles && fwd_claims_tiles(p);
+  const bool reversed = claimed && fwd_windowed(p);
+  const int group_size = reversed ? window_group_size(p, Traits::kBlockM, p.headdim, sizeof(Element), l2_bytes)
+                                  : head_group_size(p, Traits::kBlockM, p.headdim, sizeof(Element), l2_bytes);
   const bool partial_last_tile = p.seqlen_q % Traits::kBlockM != 0;
   // Causal: the query tiles start up to kBlockM - 64 rows before row 0, in whole consumer blocks,
   // so that the consumers a partial tile leaves idle sit in the first tile (the fewest keys), not
@@ -203,7 +217,7 @@ Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
   // row_shift is then the longest sequence's, unused.
   const bool paired = p.causal && !MaskPolicy::of(p).bounds_left();
   kp.row_shift = paired ? missing_rows / Traits::kRowsPerConsumer * Traits::kRowsPerConsumer : 0;
-  kp.schedule = TileSchedule::make(num_m_blocks, p.nheads, p.batch, group_size, paired, partial_last_tile);
+  kp.schedule = TileSchedule::make(num_m_blocks, p.nheads, p.batch, group_size, paired, partial_last_tile && !reversed);
   int grid = std::min(kp.schedule.num_units, sm_count);
 
   // The last wave shared by all CTAs, where it pays and the caller gave the workspace for it.
@@ -219,8 +233,9 @@ Status run_fwd_tiles(const FwdKernelParams& call, cudaStream_t stream) {
     kp.split_state = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + split.workspace.count_bytes);
     grid = split.split.ctas;
     counts = kp.split_count, count_bytes = split.workspace.count_bytes;
-  } else if (Traits::kClaimsTiles && fwd_claims_tiles(p)) {
+  } else if (claimed) {
     kp.schedule.claims = p.tile_claims;
+    kp.schedule.reversed = reversed;
     counts = p.tile_claims, count_bytes = sizeof(int);
   }
   if (counts != nullptr) {

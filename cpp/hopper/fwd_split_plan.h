@@ -41,9 +41,23 @@ inline FwdSplitPlan plan_fwd_split(const FwdKernelParams& call, int headdim, int
   return plan;
 }
 
-// Variable-length batches of 16-bit calls claim their tiles through a counter (tile_scheduler.h)
-// in the workspace: the bytes it takes.
+// 16-bit calls whose tiles differ in work claim them through a counter (tile_scheduler.h) in the
+// workspace: variable-length batches, and windows with a left side over more than two waves of
+// tiles (their first query blocks see fewer keys). kFwdClaimBytes: the bytes it takes.
 constexpr size_t kFwdClaimBytes = 16;
-inline bool fwd_claims_tiles(const FwdKernelParams& p) { return fwd_varlen(p) && p.tile_claims != nullptr; }
+inline bool fwd_windowed(const FwdKernelParams& p) { return p.window_left < p.seqlen_k; }
+inline bool fwd_claims_tiles(const FwdKernelParams& p) {
+  return (fwd_varlen(p) || fwd_windowed(p)) && p.tile_claims != nullptr;
+}
+// The workspace bytes a 16-bit call asks for its claims on `sms` SMs; `headdim`, the kernel's.
+inline size_t fwd_claim_bytes(const FwdKernelParams& p, int headdim, int sms) {
+  if (fwd_varlen(p)) return kFwdClaimBytes;
+  if (!fwd_windowed(p) || p.seqlen_q <= 0 || p.nheads <= 0 || p.batch <= 0) return 0;
+  const FwdTileSize tile = fwd_tile_size(headdim, fwd_second_tile(headdim, p.seqlen_q, p.seqlen_k, p.causal));
+  if (tile.consumers == 0) return 0;
+  const int block_m = 64 * tile.consumers;
+  const long long units = static_cast<long long>((p.seqlen_q + block_m - 1) / block_m) * p.nheads * p.batch;
+  return units > 2ll * sms ? kFwdClaimBytes : 0;
+}
 
 }  // namespace flashcute::hopper

@@ -22,7 +22,9 @@
 // length, which the host does not know, and a fixed round-robin leaves some CTAs far more of it
 // than others. CTA i starts with unit i and takes each next one from a zeroed counter (grid
 // size + the counter's old value), so units still start in order (the CTAs running at once share
-// a few heads' K/V in L2) but go to whichever CTA is free. The producer thread claims them and
+// a few heads' K/V in L2) but go to whichever CTA is free. So do windows with a left side, whose
+// first query blocks see fewer keys: walked from the last unit (reversed), those light tiles
+// fill the tail. The producer thread claims them and
 // hands each tile with rows to the consumers through a two-slot ring in shared memory
 // (TileClaims).
 #pragma once
@@ -62,6 +64,7 @@ struct TileSchedule {
   bool last_block_last;  // not paired: every head's last query block after all the others
   FwdTailSplit split;    // not paired: units [split.whole_units, num_units) run as pieces
   int* claims;           // claimed order: the counter, zero at launch; null: round-robin
+  bool reversed;         // claimed order: units from the last to the first
 
   CUTE_HOST_DEVICE static TileSchedule make(int num_m_blocks, int nheads, int batch, int group_size, bool paired,
                                             bool last_block_last = false) {
@@ -226,7 +229,7 @@ struct TileWalk {
       return;
     }
     unit_index = next;
-    unit = schedule.unit(next);
+    unit = schedule.unit(schedule.reversed ? schedule.num_units - 1 - next : next);
     claims.claimer_next = atomicAdd(schedule.claims, 1) + int(gridDim.x);
   }
   CUTE_DEVICE void receive(int step) {
