@@ -51,7 +51,7 @@ struct AttentionForwardParams {
   float* lse = nullptr;  // optional: (batch, nheads, seqlen_q) float32, natural log
   // Optional device workspace, 16-byte aligned, of attention_forward_workspace_size() bytes
   // (often 0). With it the Hopper path may run its last wave of query tiles split over all
-  // SMs, and a variable-length call's CTAs claim their tiles; without it (or with fewer bytes)
+  // SMs, and a variable-length or windowed call's CTAs claim their tiles; without it (or with fewer bytes)
   // the call runs unsplit, in a fixed tile order, with the same results. It needs no
   // initialization and may be reused once the call's work has finished.
   void* workspace = nullptr;
@@ -144,8 +144,9 @@ constexpr int64_t kFp8DescaleBlock = 128;
 // params.device (pointers are not read; a non-null alibi_slopes only says that ALiBi is on):
 // fp32 partial results where the Hopper path splits the last wave of a call without causal or
 // window mask over all SMs (up to 2 · SMs · tile rows · (kernel head dim + 8) · 4 bytes); 16
-// bytes for a variable-length call on the Hopper path (the counter through which its CTAs
-// claim their tiles; FP8 calls: 0); else 0.
+// bytes for a variable-length call on the Hopper path, or one with a window's left side over more
+// than two waves of query tiles (the counter through which its CTAs claim their tiles; FP8
+// calls: 0); else 0.
 FLASHCUTE_API Status attention_forward_workspace_size(const AttentionForwardParams& params, size_t* bytes,
                                                       Backend backend = Backend::kAuto);
 
