@@ -17,7 +17,8 @@ and without seqused_k, dropout on some of them, many short sequences (more tiles
 (decreasing, negative, beyond the rows, near 2^31, max_seqlen below the real lengths), which
 the kernels must clamp without touching memory outside the tensors (the values are not checked
 on the host). On the Hopper path, V's own head dim too: the built (head dim, v head dim)
-pairs and a smaller pair that runs on them.
+pairs and a smaller pair that runs on them, and windows over enough query tiles that the CTAs
+claim them.
 """
 
 from __future__ import annotations
@@ -120,7 +121,24 @@ def _calls(family: str, forward_from: str | None) -> int:
                     count += 1
     count += _varlen_calls(family, forward_from, path, built, head_dims, gen)
     count += _dv_calls(family, forward_from, path, built, gen)
+    if family == "hopper-fwd":
+        count += _claimed_window_calls(built, head_dims, gen)
     torch.cuda.synchronize()
+    return count
+
+
+def _claimed_window_calls(built: dict, head_dims: list[int], gen: torch.Generator) -> int:
+    """Windows with a left side over more than two waves of query tiles, which the Hopper path
+    claims from its workspace's counter, last unit first: one per built head dim, causal and
+    not."""
+    dtype = torch.bfloat16 if "bfloat16" in built["dtypes"] else torch.float16
+    count = 0
+    for headdim in head_dims:
+        for causal, window in ((True, (300, 0)), (False, (250, 90))):
+            q, k, v = (torch.randn(3, s, h, headdim, device="cuda", dtype=dtype, generator=gen)
+                       for s, h in ((1100, 32), (1150, 8), (1150, 8)))
+            flashcute.attention(q, k, v, causal=causal, window=window, return_lse=True, backend="hopper")
+            count += 1
     return count
 
 
