@@ -336,8 +336,9 @@ FwdKernelParams kernel_params(const AttentionForwardParams& p) {
   k.v_descale_block_stride = p.v_descale_block_stride;
   k.q_descale_head_div = p.q_descale_per_kv_head ? k.heads_per_kv : 1;
   k.out_fp16 = is_fp8(p) && p.out_dtype == DType::kFloat16;
-  // Variable-length calls never split (their tiles' work differs per sequence); they claim
-  // their tiles through the workspace's first int where it has one.
+  // Variable-length calls never split (their tiles' work differs per sequence). They, and
+  // windows with a left side, claim their tiles through the workspace's first int where it has
+  // one (hopper/fwd_split_plan.h).
   k.workspace = varlen(p) ? nullptr : p.workspace;
   k.workspace_bytes = k.workspace == nullptr ? 0 : p.workspace_bytes;
   if ((varlen(p) || hopper::fwd_windowed(k)) && p.workspace != nullptr && p.workspace_bytes >= hopper::kFwdClaimBytes)
