@@ -113,6 +113,34 @@ def poisoned_like(q):
     return torch.full(q.shape, math.nan, dtype=q.dtype, device=q.device)
 
 
+def check_claimed_order(launch, fresh, fixed, nbytes: int, rounds: int = 2) -> None:
+    """A Hopper-path forward that claims its tiles through a workspace (poisoned before each
+    call: the call zeroes its counter) gives bit for bit ``fixed`` (out, lse of the fixed
+    order), eagerly and replayed from a CUDA graph. ``launch(out, lse, workspace)`` runs it,
+    ``fresh()`` gives NaN-filled (out, lse)."""
+    workspace = torch.full((nbytes,), 0x7F, dtype=torch.uint8, device="cuda")
+    for _ in range(rounds):
+        out, lse = fresh()
+        workspace.fill_(0x7F)
+        launch(out, lse, workspace)
+        assert torch.equal(out, fixed[0]) and torch.equal(lse, fixed[1])
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        launch(out, lse, workspace)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch(out, lse, workspace)
+    for _ in range(rounds):
+        out.fill_(math.nan)
+        lse.fill_(math.nan)
+        workspace.fill_(0x7F)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, fixed[0]) and torch.equal(lse, fixed[1])
+
+
 def masked_rows(seqlen_q: int, seqlen_k: int, causal: bool) -> int:
     """Number of leading query rows with no key to attend to."""
     if seqlen_k == 0:

@@ -29,7 +29,7 @@ from test_gpu_backward import (  # noqa: E402
     ABS_FLOOR, BWD_DTYPES, BWD_HEAD_DIMS, HOPPER_BWD_HEAD_DIMS, REL_FLOOR, randn_like,
 )
 from test_gpu_forward import (  # noqa: E402,F401
-    LSE_ATOL, LSE_RTOL, OUT_ABS_FLOOR, SUPPORT, gen, make_qkv, poisoned_like,
+    LSE_ATOL, LSE_RTOL, OUT_ABS_FLOOR, SUPPORT, check_claimed_order, gen, make_qkv, poisoned_like,
 )
 
 pytestmark = pytest.mark.gpu
@@ -677,22 +677,4 @@ def test_window_claimed_tile_order(gen, headdim, window, causal):
     fixed_out, fixed_lse = fresh()
     launch(fixed_out, fixed_lse, None)
     check_forward(fixed_out, fixed_lse, q, k, v, causal=causal, window=window, softcap=0.0)
-    workspace = torch.full((nbytes,), 0x7F, dtype=torch.uint8, device="cuda")
-    out, lse = fresh()
-    launch(out, lse, workspace)
-    assert torch.equal(out, fixed_out) and torch.equal(lse, fixed_lse)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        launch(out, lse, workspace)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        launch(out, lse, workspace)
-    for _ in range(2):
-        out.fill_(math.nan)
-        lse.fill_(math.nan)
-        workspace.fill_(0x7F)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, fixed_out) and torch.equal(lse, fixed_lse)
+    check_claimed_order(launch, fresh, (fixed_out, fixed_lse), nbytes)

@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 import flashcute  # noqa: E402
 from flashcute import reference  # noqa: E402
 
-from test_gpu_forward import OUT_ABS_FLOOR, SUPPORT, gen  # noqa: E402,F401
+from test_gpu_forward import OUT_ABS_FLOOR, SUPPORT, check_claimed_order, gen  # noqa: E402,F401
 from test_gpu_masks import _bwd_backends, _fwd_backends, check_forward, check_grads  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -368,28 +368,9 @@ def test_claimed_tile_order(gen, headdim, causal, seqused):
     fixed_out, fixed_lse = fresh()
     _launch_forward(batch, fixed_out, fixed_lse, causal=causal, workspace=None)
     check_varlen_forward(batch, fixed_out, fixed_lse, causal=causal, window=NO_WINDOW, softcap=0.0)
-    # Poisoned workspace: the call zeroes its counter.
-    workspace = torch.full((nbytes,), 0x7F, dtype=torch.uint8, device="cuda")
-    for _ in range(3):
-        out, lse = fresh()
-        _launch_forward(batch, out, lse, causal=causal, workspace=workspace)
-        assert torch.equal(out, fixed_out) and torch.equal(lse, fixed_lse)
-    out, lse = fresh()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        _launch_forward(batch, out, lse, causal=causal, workspace=workspace)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        _launch_forward(batch, out, lse, causal=causal, workspace=workspace)
-    for _ in range(3):
-        out.fill_(math.nan)
-        lse.fill_(math.nan)
-        workspace.fill_(0x7F)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, fixed_out) and torch.equal(lse, fixed_lse)
+    check_claimed_order(lambda out, lse, workspace: _launch_forward(batch, out, lse, causal=causal,
+                                                                    workspace=workspace),
+                        fresh, (fixed_out, fixed_lse), nbytes, rounds=3)
 
 
 @pytest.mark.parametrize("backend", _fwd_backends(HEADDIM))
