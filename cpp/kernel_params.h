@@ -104,8 +104,9 @@ struct FwdKernelParams {
   // Hopper path: launched as the programmatic dependent of the page copy before it (kv_gather.h),
   // so its CTAs start while the copy ends; the producer waits for the copy before its first load.
   bool after_kv_copy;
-  // Hopper path, variable-length batches: an int of the caller's workspace through which CTAs
-  // claim their tiles (hopper/tile_scheduler.h; the launch zeroes it); null: a fixed order.
+  // Hopper path, variable-length batches and windows with a left side: an int of the caller's
+  // workspace through which CTAs claim their tiles (hopper/tile_scheduler.h; the launch zeroes
+  // it); null: a fixed order.
   int* tile_claims;
 };
 

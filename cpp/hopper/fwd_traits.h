@@ -42,7 +42,7 @@ struct FwdTraits {
   static constexpr int kBlockN = kBlockN_;    // keys per block
   static constexpr int kStages = kStages_;    // K and V pipelines, each
   static constexpr int kConsumers = kConsumers_;
-  // Variable-length calls claim their tiles (tile_scheduler.h), 16-bit only. The three-consumer
+  // Variable-length and windowed calls claim their tiles (tile_scheduler.h), 16-bit only. The three-consumer
   // tiles (hd 64 to 128) compile the claims in; the two-consumer ones (hd 192 and 256, no
   // registers to spare) run them in a variant of their own (kClaimVariant_): compiled into the
   // one kernel, they made its short dense calls up to 8 % slower on an H100

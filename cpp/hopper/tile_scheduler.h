@@ -24,9 +24,8 @@
 // size + the counter's old value), so units still start in order (the CTAs running at once share
 // a few heads' K/V in L2) but go to whichever CTA is free. So do windows with a left side, whose
 // first query blocks see fewer keys: walked from the last unit (reversed), those light tiles
-// fill the tail. The producer thread claims them and
-// hands each tile with rows to the consumers through a two-slot ring in shared memory
-// (TileClaims).
+// fill the tail. The producer thread claims the units and hands each tile with rows to the
+// consumers through a two-slot ring in shared memory (TileClaims).
 #pragma once
 
 #include <cute/config.hpp>
