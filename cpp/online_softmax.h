@@ -89,13 +89,16 @@ struct OnlineSoftmax {
   // coarse there (P_SCALE puts a row's largest weight at 256), so the largest weight is checked.
   static constexpr float kKeptMaxSumLimit = 4096.f;
   static constexpr float kKeptMaxWeightLimit = 448.f;
+  // score_factor: a factor the raw scores still lack (8-bit K block descales), folded into
+  // exp2's multiplier; the kept max is of true scores.
   template <class Scores>
-  CUTE_DEVICE bool exp2_against_kept_max(Scores& scores_rc, float (&block_sum)[kRows]) const {
+  CUTE_DEVICE bool exp2_against_kept_max(Scores& scores_rc, float (&block_sum)[kRows], float score_factor = 1.f) const {
     static_assert(decltype(cute::size<0>(scores_rc))::value == kRows);
+    const float score_scale = scale_log2 * score_factor;
     bool fits = true;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      block_sum[r] = exp2_row(scores_rc, r, row_max[r] * scale_log2 - p_bias());
+      block_sum[r] = exp2_row(scores_rc, r, row_max[r] * scale_log2 - p_bias(), score_scale);
       if constexpr (kScaledP) {
         float largest = 0.f;
         CUTE_UNROLL
@@ -113,13 +116,17 @@ struct OnlineSoftmax {
     for (int r = 0; r < kRows; ++r) row_sum[r] += weights_to_sum(block_sum[r]);
   }
 
-  // Row r's scores replaced by exp2(s · scale_log2 - max_scaled); returns their sum.
+  // Row r's scores replaced by exp2(s · score_scale - max_scaled); returns their sum.
   template <class Scores>
   CUTE_DEVICE float exp2_row(Scores& scores_rc, int r, float max_scaled) const {
+    return exp2_row(scores_rc, r, max_scaled, scale_log2);
+  }
+  template <class Scores>
+  CUTE_DEVICE static float exp2_row(Scores& scores_rc, int r, float max_scaled, float score_scale) {
     float sum = 0.f;
     CUTE_UNROLL
     for (int c = 0; c < cute::size<1>(scores_rc); ++c) {
-      const float p = fast_exp2(fmaf(scores_rc(r, c), scale_log2, -max_scaled));
+      const float p = fast_exp2(fmaf(scores_rc(r, c), score_scale, -max_scaled));
       scores_rc(r, c) = p;
       sum += p;
     }

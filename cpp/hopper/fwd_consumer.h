@@ -155,12 +155,19 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
       if constexpr (kFp8) return scales.block(n, kBlockN);
       else return Fp8Block{};
     };
-    auto descale_block = [&](auto& acc_s_rc, Fp8Block const& factors) {
+    // Returns the factor left on the scores: where `fold` (the kept max's exp2 takes it),
+    // K's block descale stays out of the scores, one FMUL per score fewer.
+    auto descale_block = [&](auto& acc_s_rc, Fp8Block const& factors, bool fold = false) {
+      float left = 1.f;
       if constexpr (kFp8) {
-        if (scales.multiplies) Fp8TileScales::multiply(acc_s_rc, factors.s_factor);
+        if (scales.multiplies) {
+          if (fold) left = factors.s_factor;
+          else Fp8TileScales::multiply(acc_s_rc, factors.s_factor);
+        }
         softmax.p_log2 = factors.p_log2;
         softmax.p_inv = factors.p_inv;
       }
+      return left;
     };
 
     auto scores_done = [&](AccS& acc_s, Fp8Block const& factors, int n, bool masked, float (&correction)[kThreadRows]) {
@@ -232,9 +239,10 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
         float block_sum[kThreadRows];
         if constexpr (kKeepMax) {
           Tensor acc_s_rc = rowcol_view(acc_s);
-          descale_block(acc_s_rc, factors);
+          // The hook needs true scores; without it the descale folds into the exp2.
+          const float left = descale_block(acc_s_rc, factors, !hook.active());
           if (hook.active()) apply_hook(acc_s_rc, n);
-          max_kept = all_of_threads(softmax.exp2_against_kept_max(acc_s_rc, block_sum),
+          max_kept = all_of_threads(softmax.exp2_against_kept_max(acc_s_rc, block_sum, left),
                                     int(FwdBarrier::kKeptMax0) + consumer, 128);
           if (!max_kept && Traits::kHeadDim < 256) {
             wgmma_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
