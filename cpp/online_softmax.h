@@ -77,38 +77,61 @@ struct OnlineSoftmax {
   CUTE_DEVICE float weights_to_sum(float weights) const { return kScaledP ? weights * p_inv : weights; }
 
   // A block's weights against the running max as it stands, without searching the block
-  // for a new one. Dividing by the row sum at the end makes exp2(s · scale_log2 - m) exact for
-  // any m that keeps the weights finite in P's element type, so the max only has to bound
-  // them: this skips the block max, its shuffles, the row-sum correction and the rescale of
-  // the output. Returns whether this thread's weights of each row sum to at most
-  // kKeptMaxSumLimit (each weight then fits fp16 and bf16 with room to spare; 8-bit P: whether
-  // each is at most kKeptMaxWeightLimit) and its rows have a max. Where it returns false for any thread, the caller discards the weights (the
+  // for a new one (16-bit P). Dividing by the row sum at the end makes exp2(s · scale_log2 - m)
+  // exact for any m that keeps the weights finite in P's element type, so the max only has to
+  // bound them: this skips the block max, its shuffles, the row-sum correction and the rescale
+  // of the output. Returns whether this thread's weights of each row sum to at most
+  // kKeptMaxSumLimit (each weight then fits fp16 and bf16 with room to spare) and its rows
+  // have a max. Where it returns false for any thread, the caller discards the weights (the
   // row sums are untouched; block_sum holds this block's) and redoes the block with
   // update_scores on fresh scores.
-  // 8-bit P: each weight must stay below e4m3's largest value, 448. A bound on the sum is too
-  // coarse there (P_SCALE puts a row's largest weight at 256), so the largest weight is checked.
+  // score_factor: a factor the raw scores still lack, folded into exp2's multiplier; the kept
+  // max is of true scores.
   static constexpr float kKeptMaxSumLimit = 4096.f;
-  static constexpr float kKeptMaxWeightLimit = 448.f;
-  // score_factor: a factor the raw scores still lack (8-bit K block descales), folded into
-  // exp2's multiplier; the kept max is of true scores.
   template <class Scores>
   CUTE_DEVICE bool exp2_against_kept_max(Scores& scores_rc, float (&block_sum)[kRows], float score_factor = 1.f) const {
-    static_assert(decltype(cute::size<0>(scores_rc))::value == kRows);
+    static_assert(!kScaledP && decltype(cute::size<0>(scores_rc))::value == kRows);
     const float score_scale = scale_log2 * score_factor;
     bool fits = true;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      block_sum[r] = exp2_row(scores_rc, r, row_max[r] * scale_log2 - p_bias(), score_scale);
-      if constexpr (kScaledP) {
-        float largest = 0.f;
-        CUTE_UNROLL
-        for (int c = 0; c < cute::size<1>(scores_rc); ++c) largest = fmaxf(largest, scores_rc(r, c));
-        fits = fits && row_max[r] != -INFINITY && largest <= kKeptMaxWeightLimit && block_sum[r] == block_sum[r];
-      } else {
-        fits = fits && row_max[r] != -INFINITY && block_sum[r] <= kKeptMaxSumLimit;  // a NaN sum fails
-      }
+      block_sum[r] = exp2_row(scores_rc, r, row_max[r] * scale_log2, score_scale);
+      fits = fits && row_max[r] != -INFINITY && block_sum[r] <= kKeptMaxSumLimit;  // a NaN sum fails
     }
     return fits;
+  }
+
+  // 8-bit P's block step, without the warpgroup's agreement or S computed again: each row
+  // keeps its max where the block's largest true score (raw · score_factor; score_factor > 0)
+  // leaves every weight at most 2^kNearMaxLog2 (below e4m3's largest value, 448), and otherwise
+  // takes the block's max as a full update does. A bound on the sum, as 16-bit P uses, is too
+  // coarse here (P_SCALE puts a row's largest weight at 256), and a per-weight check after the
+  // exp2 costs the same pass over the block as this search of the raw scores.
+  // Returns whether any of this thread's rows took a new max (correction[] then applies).
+  static constexpr float kNearMaxLog2 = 8.8f;
+  template <class Scores>
+  CUTE_DEVICE bool update_near_kept_max(Scores& scores_rc, float (&correction)[kRows], float score_factor) {
+    static_assert(kScaledP && decltype(cute::size<0>(scores_rc))::value == kRows);
+    const float score_scale = scale_log2 * score_factor;
+    bool moved = false;
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float block_max = -INFINITY;
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(scores_rc); ++c) block_max = fmaxf(block_max, scores_rc(r, c));
+      const float true_max = quad_allreduce_max(block_max) * score_factor;
+      correction[r] = 1.f;
+      // Also where the row had no max yet (-inf); a block of -inf scores leaves it so.
+      if (true_max * scale_log2 - row_max[r] * scale_log2 > kNearMaxLog2 - p_bias()) {
+        correction[r] = fast_exp2((row_max[r] - true_max) * scale_log2);
+        row_sum[r] *= correction[r];
+        row_max[r] = true_max;
+        moved = true;
+      }
+      const float max_scaled = row_max[r] == -INFINITY ? 0.f : row_max[r] * scale_log2;
+      row_sum[r] += weights_to_sum(exp2_row(scores_rc, r, max_scaled - p_bias(), score_scale));
+    }
+    return moved;
   }
 
   CUTE_DEVICE void add_block_sums(const float (&block_sum)[kRows]) {

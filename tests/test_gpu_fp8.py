@@ -138,6 +138,35 @@ def test_fp8_matches_float64(request, headdim, causal, seqlens, granularity):
     _check(out, lse, q, k, v, qd, kd, vd, causal=causal, scale=scale)
 
 
+@pytest.mark.parametrize("headdim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("granularity", ["head", "block"])
+def test_fp8_row_max_moves_late(request, headdim, causal, granularity):
+    """The key walk runs from the last key block to the first, so keys 0..127 with scores about
+    six times the others' move most rows' max in the walk's last blocks, by far more than an
+    e4m3 weight could hold under the max kept so far. Block descales: by K's first block
+    descale (and a negative second one, whose scores the kernel multiplies rather than folds);
+    per head: by the other keys' values scaled down."""
+    if headdim not in FP8_DIMS:
+        pytest.skip("head dim not compiled")
+    seed = _seed(request)
+    b, sq, sk, h, hk = 1, 257, 700, 4, 2
+    q, qd = _quantized((b, sq, h, headdim), granularity, seed)
+    k, kd = _quantized((b, sk, hk, headdim), granularity, seed + 1)
+    v, vd = _quantized((b, sk, hk, headdim), granularity, seed + 2)
+    if granularity == "block":
+        kd = kd.copy()
+        kd[..., 0] *= 6.0
+        kd[..., 1] *= -1.0
+    else:
+        k = k.copy()
+        k[:, 128:] = ref.round_e4m3(k[:, 128:] / 6.0)
+    scale = 1.0 / math.sqrt(headdim)
+    out = torch.full((b, sq, h, headdim), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    result, lse = _call(q, k, v, qd, kd, vd, out=out, causal=causal, return_lse=True)
+    _check(result, lse, q, k, v, qd, kd, vd, causal=causal, scale=scale)
+
+
 def test_fp8_defaults_bf16_output_and_no_descales(request):
     seed = _seed(request)
     q, _ = _quantized((1, 130, 2, 128), "head", seed)

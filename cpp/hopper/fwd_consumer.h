@@ -9,7 +9,8 @@
 // left side last (mask.h); the bulk runs without mask code and keeps
 // each row's max while the weights stay small (online_softmax.h): no max search, no O rescale.
 // Where any thread of a warpgroup finds them too large, the warpgroup computes S again and
-// takes the full update. The score hook (softcap, ALiBi) runs on S before all of this; dropout
+// takes the full update. 8-bit tiles, which check every weight anyway, search each row's raw
+// scores instead and update only the rows whose max moved, without S again or a barrier. The score hook (softcap, ALiBi) runs on S before all of this; dropout
 // (dropout.h) zeroes weights of P after the row sums have taken them, and O is scaled by
 // 1 / (1 - p) where it is normalized. Key blocks that none of a consumer's rows can see are
 // skipped by that consumer alone. A piece of a
@@ -161,7 +162,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
       float left = 1.f;
       if constexpr (kFp8) {
         if (scales.multiplies) {
-          if (fold) left = factors.s_factor;
+          if (fold && factors.s_factor > 0.f) left = factors.s_factor;  // a max of raw scores stays one
           else Fp8TileScales::multiply(acc_s_rc, factors.s_factor);
         }
         softmax.p_log2 = factors.p_log2;
@@ -233,20 +234,31 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
         const Fp8Block factors = fp8_block(n);
         warpgroup_wait<1>();
         // Unmasked blocks keep the row max where the weights stay small (online_softmax.h);
-        // otherwise S is computed again and goes through the full update.
+        // otherwise S is computed again and goes through the full update (8-bit: per row,
+        // from the S at hand).
         constexpr bool kKeepMax = !decltype(masked)::value;
         bool max_kept = false;
+        bool rescales = true;  // acc_o takes correction[]
         float block_sum[kThreadRows];
         if constexpr (kKeepMax) {
           Tensor acc_s_rc = rowcol_view(acc_s);
           // The hook needs true scores; without it the descale folds into the exp2.
           const float left = descale_block(acc_s_rc, factors, !hook.active());
           if (hook.active()) apply_hook(acc_s_rc, n);
-          max_kept = all_of_threads(softmax.exp2_against_kept_max(acc_s_rc, block_sum, left),
-                                    int(FwdBarrier::kKeptMax0) + consumer, 128);
-          if (!max_kept && Traits::kHeadDim < 256) {
+          if constexpr (kFp8) {
+            // 8-bit: each row decides alone, and S is never needed again
+            // (OnlineSoftmax::update_near_kept_max).
+            rescales = softmax.update_near_kept_max(acc_s_rc, correction, left);
+            pipeline_k.consumer_release(k_state);
+            ++k_state;
+          } else {
+            max_kept = all_of_threads(softmax.exp2_against_kept_max(acc_s_rc, block_sum, left),
+                                      int(FwdBarrier::kKeptMax0) + consumer, 128);
+            rescales = !max_kept;
+          }
+          if (!kFp8 && !max_kept && Traits::kHeadDim < 256) {
             wgmma_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
-          } else if (!max_kept) {
+          } else if (!kFp8 && !max_kept) {
             // hd 256: the descriptors made afresh from opaque addresses. Reused from the issue
             // above, they stay live through the softmax and ptxas spills; rebuilt at the smaller
             // head dims, they cost the kept-max path 7-10 instructions.
@@ -263,14 +275,14 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
           pipeline_k.consumer_release(k_state);
           ++k_state;
           softmax.add_block_sums(block_sum);
-        } else {
+        } else if (!(kFp8 && kKeepMax)) {
           if constexpr (kKeepMax) warpgroup_wait<0>();
           scores_done(acc_s, factors, n, decltype(masked)::value, correction);  // S computed again: raw
         }
         warpgroup_wait<0>();
         pipeline_v.consumer_release(v_state);
         ++v_state;
-        if (!max_kept) OnlineSoftmax<kThreadRows, kFp8>::rescale(acc_o_rc, correction);
+        if (rescales) OnlineSoftmax<kThreadRows, kFp8>::rescale(acc_o_rc, correction);
         p_operand.set(acc_s);
       };
       // Dropout after each step (kept max or full update alike), as after the first block.
