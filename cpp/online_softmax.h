@@ -85,17 +85,14 @@ struct OnlineSoftmax {
   // have a max. Where it returns false for any thread, the caller discards the weights (the
   // row sums are untouched; block_sum holds this block's) and redoes the block with
   // update_scores on fresh scores.
-  // score_factor: a factor the raw scores still lack, folded into exp2's multiplier; the kept
-  // max is of true scores.
   static constexpr float kKeptMaxSumLimit = 4096.f;
   template <class Scores>
-  CUTE_DEVICE bool exp2_against_kept_max(Scores& scores_rc, float (&block_sum)[kRows], float score_factor = 1.f) const {
+  CUTE_DEVICE bool exp2_against_kept_max(Scores& scores_rc, float (&block_sum)[kRows]) const {
     static_assert(!kScaledP && decltype(cute::size<0>(scores_rc))::value == kRows);
-    const float score_scale = scale_log2 * score_factor;
     bool fits = true;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      block_sum[r] = exp2_row(scores_rc, r, row_max[r] * scale_log2, score_scale);
+      block_sum[r] = exp2_row(scores_rc, r, row_max[r] * scale_log2);
       fits = fits && row_max[r] != -INFINITY && block_sum[r] <= kKeptMaxSumLimit;  // a NaN sum fails
     }
     return fits;

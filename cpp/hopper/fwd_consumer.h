@@ -10,7 +10,8 @@
 // each row's max while the weights stay small (online_softmax.h): no max search, no O rescale.
 // Where any thread of a warpgroup finds them too large, the warpgroup computes S again and
 // takes the full update. 8-bit tiles, which check every weight anyway, search each row's raw
-// scores instead and update only the rows whose max moved, without S again or a barrier. The score hook (softcap, ALiBi) runs on S before all of this; dropout
+// scores instead and update only the rows whose max moved, without S again or a barrier. The
+// score hook (softcap, ALiBi) runs on S before all of this; dropout
 // (dropout.h) zeroes weights of P after the row sums have taken them, and O is scaled by
 // 1 / (1 - p) where it is normalized. Key blocks that none of a consumer's rows can see are
 // skipped by that consumer alone. A piece of a
@@ -156,8 +157,9 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
       if constexpr (kFp8) return scales.block(n, kBlockN);
       else return Fp8Block{};
     };
-    // Returns the factor left on the scores: where `fold` (the kept max's exp2 takes it),
-    // K's block descale stays out of the scores, one FMUL per score fewer.
+    // Returns the factor left on the scores: where `fold` (8-bit unmasked blocks' exp2 takes
+    // it, OnlineSoftmax::update_near_kept_max), K's block descale stays out of the scores, one
+    // FMUL per score fewer.
     auto descale_block = [&](auto& acc_s_rc, Fp8Block const& factors, bool fold = false) {
       float left = 1.f;
       if constexpr (kFp8) {
@@ -242,8 +244,8 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
         float block_sum[kThreadRows];
         if constexpr (kKeepMax) {
           Tensor acc_s_rc = rowcol_view(acc_s);
-          // The hook needs true scores; without it the descale folds into the exp2.
-          const float left = descale_block(acc_s_rc, factors, !hook.active());
+          // The hook needs true scores; without it an 8-bit block's descale folds into the exp2.
+          [[maybe_unused]] const float left = descale_block(acc_s_rc, factors, !hook.active());
           if (hook.active()) apply_hook(acc_s_rc, n);
           if constexpr (kFp8) {
             // 8-bit: each row decides alone, and S is never needed again
@@ -252,7 +254,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
             pipeline_k.consumer_release(k_state);
             ++k_state;
           } else {
-            max_kept = all_of_threads(softmax.exp2_against_kept_max(acc_s_rc, block_sum, left),
+            max_kept = all_of_threads(softmax.exp2_against_kept_max(acc_s_rc, block_sum),
                                       int(FwdBarrier::kKeptMax0) + consumer, 128);
             rescales = !max_kept;
           }
