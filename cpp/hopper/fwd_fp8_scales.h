@@ -3,9 +3,10 @@
 // - Q's descale is one number per consumer (its 64 rows lie in one 128-row block), and so is
 //   K's per (batch, head): both fold into the softmax's scale, free per score.
 // - K's block descales change with the key block (each block lies in one 128-key descale
-//   block, fwd_config.h). A block that keeps the row max takes its factor in exp2's multiplier;
-//   a block searched for its max, and any block under the score hook (softcap, ALiBi, which
-//   need true scores), has its scores multiplied, one FMUL per score.
+//   block, fwd_config.h). An unmasked block takes a positive factor in exp2's multiplier (its
+//   rows search the raw scores: OnlineSoftmax::update_near_kept_max); masked blocks, blocks
+//   under the score hook (softcap, ALiBi, which need true scores) and other factors have the
+//   scores multiplied, one FMUL per score.
 // - V's descale: P is quantized as 256 · r_n · p, where r_n = v_descale(block n) / v_ref and
 //   v_ref is the largest of the head's V descales (so r_n <= 1 and P stays below e4m3's 448);
 //   the factor folds into exp2 and leaves the row sums (OnlineSoftmax<kRows, true>), and O is
@@ -87,7 +88,7 @@ struct Fp8TileScales {
     if (v_blocks != nullptr) {
       const float ratio = fmaxf(__ldg(v_blocks + i * v_block_stride) * v_inv_ref, kFp8MinRatio);
       b.p_log2 += __log2f(ratio);
-      b.p_inv = fast_exp2(-b.p_log2);  // 1 / (256 · ratio), as P is scaled; no IEEE division per block
+      b.p_inv = fast_exp2(-b.p_log2);  // 1 / (256 · ratio) as P takes it, without a division
     }
     return b;
   }
