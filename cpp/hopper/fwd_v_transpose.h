@@ -8,7 +8,9 @@
 // - two byte permutes per column pair gather four keys of one column into a word, in the key
 //   order the P operand's registers need (fwd_p_operand.h: column 4t + j holds key
 //   2t + (j & 1) + 8 (j >> 1)), so that P never moves between threads;
-// - stmatrix writes the words as rows of the transposed tile.
+// - stmatrix writes the words as rows of the transposed tile. Rows 4-7 of each matrix take
+//   the other column of their pair: a matrix of even columns alone (rows two apart) puts two
+//   rows on the same banks of the swizzled tile, one of odd and even columns none.
 //
 // Rows of V past a variable-length sequence's used keys (which may hold NaN) are zeroed before
 // the copy, as the 16-bit consumers do in V's own buffer.
@@ -56,10 +58,13 @@ CUTE_DEVICE void transpose_v(FwdParams<Traits> const& params, typename Traits::S
   Tensor sVt = make_tensor(make_smem_ptr(storage.vt.data()), typename Traits::SmemLayoutVt{});  // (hdv, keys, stage)
   // This lane's row of its ldmatrix / stmatrix matrix m = lane / 8: matrices 0-3 are (keys 0-7,
   // cols 0-15), (keys 8-15, cols 0-15), (keys 0-7, cols 16-31), (keys 8-15, cols 16-31) of a unit
-  // on the way in; (even columns 0-14), (odd 1-15), (even 16-30), (odd 17-31) on the way out.
+  // on the way in; on the way out, matrix m's row r is column 16 (m >> 1) + 2r + 1 when
+  // (m & 1) differs from r >= 4, else the even one before it. stmatrix takes row r of every
+  // matrix from lanes 4r..4r+3, so lanes 16-31 put their odd column first.
   const int m = lane / 8, r = lane % 8;
   const int load_key = 8 * (m & 1) + r, load_col = 16 * (m >> 1);
-  const int store_col = 16 * (m >> 1) + 2 * r + (m & 1);
+  const int store_col = 16 * (m >> 1) + 2 * r + ((m & 1) ^ (r >> 2));
+  const uint32_t first_select = lane < 16 ? 0x6420 : 0x7531, second_select = first_select ^ 0x1111;
   // This lane's offsets in a stage for each of its warp's units, computed once (a stage's
   // swizzle pattern is the same in every stage): in registers where the warps keep enough,
   // else in a table in shared memory, one 8-byte load per unit.
@@ -100,10 +105,11 @@ CUTE_DEVICE void transpose_v(FwdParams<Traits> const& params, typename Traits::S
       auto transpose_unit = [&](uint32_t v_at, uint32_t vt_at) {
         uint32_t in[4], out[4];
         ldmatrix_x4_trans(v_stage + v_at, in);
-        out[0] = __byte_perm(in[0], in[1], 0x6420);  // even column of keys 2t, 2t+1, 2t+8, 2t+9
-        out[1] = __byte_perm(in[0], in[1], 0x7531);  // odd column
-        out[2] = __byte_perm(in[2], in[3], 0x6420);
-        out[3] = __byte_perm(in[2], in[3], 0x7531);
+        // A column of keys 2t, 2t+1, 2t+8, 2t+9 per word: 0x6420 the even one, 0x7531 the odd one.
+        out[0] = __byte_perm(in[0], in[1], first_select);
+        out[1] = __byte_perm(in[0], in[1], second_select);
+        out[2] = __byte_perm(in[2], in[3], first_select);
+        out[3] = __byte_perm(in[2], in[3], second_select);
         stmatrix_x4(vt_stage + vt_at, out);
       };
       CUTE_UNROLL
