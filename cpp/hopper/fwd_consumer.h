@@ -108,7 +108,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
   cutlass::PipelineState<Traits::kStages> k_state, v_state;
   int iteration = 0;  // tiles run (a variable-length batch skips those past their sequence)
   unsigned split_last = 0;  // bit p: this CTA counted piece p of its split tiles last
-  TileWalk<Traits::kClaimsTiles> walk(params.schedule, storage.claims);
+  TileWalk<Traits::kClaimsTiles, false, Traits::kWalksHoldUnit> walk(params.schedule, storage.claims);
   for (; walk.valid(); walk.advance(iteration)) {
     const FwdTile tile = walk.tile();
     // The tile's sequence (seq_view.h) and its place there (causal pairs per sequence): a tile

@@ -48,6 +48,10 @@ struct FwdTraits {
   // one kernel, they made its short dense calls up to 8 % slower on an H100
   // (benchmarks/results/README.md).
   static constexpr bool kClaimsTiles = !kTransposesV && (kConsumers == 3 || kClaimVariant_);
+  // Whether the tile walks of the producer thread and the consumers hold their unit across a
+  // tile's key blocks (TileWalk, tile_scheduler.h): not where the 16-bit two-consumer tiles
+  // leave no registers to spare (held, the tile's coordinates spilled).
+  static constexpr bool kWalksHoldUnit = kTransposesV || kConsumers == 3;
   static constexpr int kRowsPerConsumer = 64; // one WGMMA M extent
   static constexpr int kBlockM = kRowsPerConsumer * kConsumers;
   static constexpr int kThreads = 128 * (kConsumers + 1);

@@ -30,6 +30,7 @@
 
 #include <cute/config.hpp>
 #include <cutlass/arch/barrier.h>
+#include <cutlass/fast_math.h>
 
 #include "fwd_tail_split.h"
 
@@ -64,6 +65,9 @@ struct TileSchedule {
   FwdTailSplit split;    // not paired: units [split.whole_units, num_units) run as pieces
   int* claims;           // claimed order: the counter, zero at launch; null: round-robin
   bool reversed;         // claimed order: units from the last to the first
+  // unit()'s divisors as multiplies (a walk decodes a unit per tile): units per group, heads per
+  // group (the last group: the heads left), heads.
+  cutlass::FastDivmod by_group_units, by_group_heads, by_last_group_heads, by_nheads;
 
   CUTE_HOST_DEVICE static TileSchedule make(int num_m_blocks, int nheads, int batch, int group_size, bool paired,
                                             bool last_block_last = false) {
@@ -77,29 +81,42 @@ struct TileSchedule {
     // Paired: floor(M/2) pairs per head, then one middle block per head when M is odd.
     s.num_units = paired ? s.num_head_batch * ((num_m_blocks + 1) / 2) : s.num_head_batch * num_m_blocks;
     s.split.whole_units = s.num_units;
+    const int last_group_heads = s.num_head_batch - (s.num_head_batch - 1) / group_size * group_size;
+    s.by_group_units = cutlass::FastDivmod(group_size * s.ranks() > 0 ? group_size * s.ranks() : 1);
+    s.by_group_heads = cutlass::FastDivmod(group_size);
+    s.by_last_group_heads = cutlass::FastDivmod(last_group_heads);
+    s.by_nheads = cutlass::FastDivmod(nheads);
     return s;
   }
 
+  // Units per head before the tail (paired: the middle blocks; else the last blocks, if asked).
+  CUTE_HOST_DEVICE int ranks() const {
+    return paired ? num_m_blocks / 2 : num_m_blocks - (last_block_last ? 1 : 0);
+  }
+
+  // unit(index).count, without decoding the unit: only pairs have two tiles, and the middle
+  // blocks (M odd) come after all of them.
+  CUTE_HOST_DEVICE int unit_tiles(int index) const {
+    return paired && index < num_head_batch * (num_m_blocks / 2) ? 2 : 1;
+  }
+
   CUTE_HOST_DEVICE FwdUnit unit(int index) const {
-    // Units per head before the tail (paired: the middle blocks; else the last blocks, if asked).
-    const int ranks = paired ? num_m_blocks / 2 : num_m_blocks - (last_block_last ? 1 : 0);
-    const int grouped_units = num_head_batch * ranks;
+    const int grouped_units = num_head_batch * ranks();
     int rank, head_batch;
     if (index < grouped_units) {
-      const int group_units = group_size * ranks;
-      const int group = index / group_units;
-      const int in_group = index - group * group_units;
+      int group, in_group;
+      by_group_units(group, in_group, index);
       const int first = group * group_size;
-      const int heads_in_group = num_head_batch - first < group_size ? num_head_batch - first : group_size;
-      rank = in_group / heads_in_group;
-      head_batch = first + in_group - rank * heads_in_group;
+      const bool last_group = num_head_batch - first < group_size;
+      int in_rank;
+      (last_group ? by_last_group_heads : by_group_heads)(rank, in_rank, in_group);
+      head_batch = first + in_rank;
     } else {  // the tail: the middle block (paired, M odd) or the last block of head `index - grouped_units`
-      rank = ranks;
+      rank = ranks();
       head_batch = index - grouped_units;
     }
     FwdUnit u;
-    u.head = head_batch % nheads;
-    u.batch = head_batch / nheads;
+    by_nheads(u.batch, u.head, head_batch);
     if (!paired) {
       u.m_blocks[0] = u.m_blocks[1] = rank;
       u.count = 1;
@@ -115,8 +132,9 @@ struct TileSchedule {
 // Shared memory of the claimed order: the tiles the producer runs, in turn, step s (its s-th
 // tile with rows, the consumers' iteration s) in slot s % 2; `full` completes a phase when the
 // producer has written a slot, `empty` when every other walking warp (consumers, V
-// transposers) has read it. A tile of batch -1 ends the walk. Tiles without rows are never
-// handed on, so a reader's step is its own tile count.
+// transposers) has moved on to the next step. Until then a reader reads its tile from the slot
+// whenever it needs it rather than holding it in registers. A tile of batch -1 ends the walk.
+// Tiles without rows are never handed on, so a reader's step is its own tile count.
 struct TileClaims {
   int tile[2][3];     // m_block, head, batch
   int claimer_next;   // the claimer's next unit, claimed one unit ahead (its thread has few registers)
@@ -132,29 +150,39 @@ struct TileClaims {
     tile[slot][0] = m_block, tile[slot][1] = head, tile[slot][2] = batch;
     full[slot].arrive();  // release: the tile is written before the phase completes
   }
-  // Every lane of a reading warp.
-  CUTE_DEVICE FwdUnit receive(int step) {
-    const int slot = step & 1;
-    full[slot].wait((step >> 1) & 1);
-    volatile int* t = tile[slot];
+  // Every lane of a reading warp: waits for step `step`'s tile, after giving back the slot of
+  // the step before.
+  CUTE_DEVICE void receive(int step) {
+    if (step > 0) {
+      __syncwarp();
+      if (threadIdx.x % 32 == 0) empty[(step - 1) & 1].arrive();
+    }
+    full[step & 1].wait((step >> 1) & 1);
+  }
+  // A received step's tile (every lane, until the warp receives the next step).
+  CUTE_DEVICE FwdUnit read(int step) const {
+    volatile const int* t = tile[step & 1];
     FwdUnit u;
     u.m_blocks[0] = u.m_blocks[1] = t[0];
     u.head = t[1], u.batch = t[2];
     u.count = 1;
-    __syncwarp();
-    if (threadIdx.x % 32 == 0) empty[slot].arrive();
     return u;
   }
 };
 
 // One CTA's tiles in order: units blockIdx.x, + gridDim.x, ... below split.whole_units, each
 // unit's tiles in turn; then the pieces of its range of the split tiles' key blocks. The
-// pieces' ranges are recomputed per piece (at most two), the whole units' decoded once each.
+// pieces' ranges are recomputed per piece (at most two).
 // In the claimed order (kClaims, and schedule.claims set), the producer thread (kClaimer)
 // claims units and hands on each tile it runs (publish); the other walking warps receive those
 // tiles, step by step (advance's argument: the tiles they ran so far); no pieces. Kernels
 // without it (kClaims false) compile the fixed order alone.
-template <bool kClaims, bool kClaimer = false>
+//
+// A walk holds its unit (kHoldsUnit), decoded once per unit. Where a kernel has no registers to
+// spare across a tile's key blocks (the 16-bit two-consumer tiles: their consumers, and the
+// producer thread), its walks decode the unit from its index once per tile instead (a few
+// multiplies), or, reading a claimed order, read it again from the ring.
+template <bool kClaims, bool kClaimer = false, bool kHoldsUnit = true>
 struct TileWalk {
   TileSchedule const& schedule;
   TileClaims& claims;
@@ -162,7 +190,8 @@ struct TileWalk {
   int part = 0;
   int piece = -1;  // -1 while whole units remain; then the piece (0 or 1)
   int pieces = 0;  // set when the whole units are done
-  FwdUnit unit{};
+  int held_step = 0;  // a reader, claimed order: the step whose slot it holds
+  FwdUnit unit{};     // kHoldsUnit: the current unit
 
   CUTE_DEVICE TileWalk(TileSchedule const& schedule_, TileClaims& claims_)
       : schedule(schedule_), claims(claims_), unit_index(blockIdx.x) {
@@ -174,14 +203,14 @@ struct TileWalk {
         receive(0);
       }
     } else if (unit_index < schedule.split.whole_units) {
-      unit = schedule.unit(unit_index);
+      hold_unit();
     } else {
       start_pieces();
     }
   }
   CUTE_DEVICE bool claimed_order() const { return kClaims && schedule.claims != nullptr; }
   CUTE_DEVICE bool valid() const { return piece < pieces; }
-  CUTE_DEVICE FwdTile tile() const { return piece < 0 ? unit.tile(part) : piece_tile(piece); }
+  CUTE_DEVICE FwdTile tile() const { return piece < 0 ? current_unit().tile(part) : piece_tile(piece); }
   // Piece k (0 or 1) of this CTA's range of the split tiles' key blocks.
   CUTE_DEVICE FwdTile piece_tile(int k) const {
     FwdTailSplit const& split = schedule.split;
@@ -200,24 +229,49 @@ struct TileWalk {
       ++piece;
       return;
     }
-    if (++part < unit.count) return;
+    if (++part < unit_tiles()) return;
     part = 0;
     if (claimed_order()) {
       if constexpr (kClaimer) take(claims.claimer_next);
       else receive(step);
       return;
     }
-    unit_index += gridDim.x;
-    if (unit_index < schedule.split.whole_units) unit = schedule.unit(unit_index);
+    unit_index += grid_size();
+    if (unit_index < schedule.split.whole_units) hold_unit();
     else start_pieces();
+  }
+  CUTE_DEVICE FwdUnit current_unit() const {
+    if constexpr (kHoldsUnit) return unit;
+    if (!kClaimer && claimed_order()) return claims.read(held_step);
+    return schedule.unit(schedule_index());
+  }
+  CUTE_DEVICE int unit_tiles() const {
+    if constexpr (kHoldsUnit) return unit.count;
+    if (!kClaimer && claimed_order()) return 1;
+    return schedule.unit_tiles(schedule_index());
+  }
+  // The unit's index in the schedule (the claimed order may walk it from the last unit).
+  CUTE_DEVICE int schedule_index() const {
+    return claimed_order() && schedule.reversed ? schedule.num_units - 1 - unit_index : unit_index;
+  }
+  // gridDim.x, read where it is used: held from the kernel's start, the producer thread of the
+  // two-consumer tiles spills it.
+  CUTE_DEVICE static int grid_size() {
+    int n;
+    asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(n));
+    return n;
   }
   // The claimer, claimed order: hands on the current tile as step `step`, or (valid() false)
   // the end. A no-op otherwise.
   CUTE_DEVICE void publish(int step) {
     static_assert(kClaimer);
     if (!claimed_order()) return;
-    if (valid()) claims.publish(step, unit.tile(part).m_block, unit.head, unit.batch);
-    else claims.publish(step, 0, 0, -1);
+    if (!valid()) {
+      claims.publish(step, 0, 0, -1);
+      return;
+    }
+    const FwdUnit unit = current_unit();
+    claims.publish(step, unit.tile(part).m_block, unit.head, unit.batch);
   }
 
  private:
@@ -228,12 +282,18 @@ struct TileWalk {
       return;
     }
     unit_index = next;
-    unit = schedule.unit(schedule.reversed ? schedule.num_units - 1 - next : next);
+    hold_unit();
     claims.claimer_next = atomicAdd(schedule.claims, 1) + int(gridDim.x);
   }
-  CUTE_DEVICE void receive(int step) {
-    unit = claims.receive(step);
-    if (unit.batch < 0) piece = pieces = 0;  // the walk ends
+  CUTE_DEVICE void receive(int next_step) {
+    claims.receive(next_step);
+    held_step = next_step;
+    const FwdUnit received = claims.read(held_step);
+    if constexpr (kHoldsUnit) unit = received;
+    if (received.batch < 0) piece = pieces = 0;  // the walk ends
+  }
+  CUTE_DEVICE void hold_unit() {
+    if constexpr (kHoldsUnit) unit = schedule.unit(schedule_index());
   }
 
   // Counts the split tiles this CTA's range touches (its range is never longer than a tile).
