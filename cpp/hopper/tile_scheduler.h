@@ -65,8 +65,8 @@ struct TileSchedule {
   FwdTailSplit split;    // not paired: units [split.whole_units, num_units) run as pieces
   int* claims;           // claimed order: the counter, zero at launch; null: round-robin
   bool reversed;         // claimed order: units from the last to the first
-  // unit()'s divisors as multiplies (a walk decodes a unit per tile): units per group, heads per
-  // group (the last group: the heads left), heads.
+  // unit()'s divisors as multiplies (some walks decode a unit per tile): units per group, heads
+  // per group (the last group: the heads left), heads.
   cutlass::FastDivmod by_group_units, by_group_heads, by_last_group_heads, by_nheads;
 
   CUTE_HOST_DEVICE static TileSchedule make(int num_m_blocks, int nheads, int batch, int group_size, bool paired,
@@ -270,8 +270,8 @@ struct TileWalk {
       claims.publish(step, 0, 0, -1);
       return;
     }
-    const FwdUnit unit = current_unit();
-    claims.publish(step, unit.tile(part).m_block, unit.head, unit.batch);
+    const FwdUnit current = current_unit();
+    claims.publish(step, current.tile(part).m_block, current.head, current.batch);
   }
 
  private:
