@@ -1,11 +1,15 @@
-"""The host-side launch plans of the Hopper path, compiled as plain C++ and run without a GPU.
+"""The host-side launch plans of the Hopper path, compiled and run without a GPU.
 
 ``tests/host_plans/bwd_order.cpp`` includes ``cpp/bwd_tail_split.h`` (the plans are plain C++
 so that the host API can size workspaces from them) and checks the backward's CTA order.
+``tests/host_plans/fwd_schedule.cu`` checks the forward's unit decode
+(``cpp/hopper/tile_scheduler.h``) as host code: it needs nvcc and the CUTLASS headers (the
+nvidia-cutlass package, or ``CUTLASS_DIR``) and is skipped without them.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -21,6 +25,40 @@ def _compiler() -> str | None:
         if name and shutil.which(name):
             return name
     return None
+
+
+def _nvcc() -> str | None:
+    for candidate in (shutil.which("nvcc"), os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")):
+        if candidate and os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def _cutlass_include() -> Path | None:
+    """CUTLASS's include directory, found as the build finds it (cmake/FlashcuteCutlass.cmake)."""
+    roots = [Path(os.environ["CUTLASS_DIR"])] if os.environ.get("CUTLASS_DIR") else []
+    spec = importlib.util.find_spec("cutlass_library")
+    if spec is not None and spec.submodule_search_locations:
+        roots.append(Path(list(spec.submodule_search_locations)[0]) / "source")
+    for root in roots:
+        if (root / "include" / "cute" / "tensor.hpp").is_file():
+            return root / "include"
+    return None
+
+
+def test_forward_unit_decode(tmp_path):
+    nvcc, cutlass = _nvcc(), _cutlass_include()
+    if nvcc is None or cutlass is None:
+        pytest.skip("needs nvcc and the CUTLASS headers (pip install nvidia-cutlass==4.2.0.0)")
+    exe = tmp_path / "fwd_schedule"
+    build = subprocess.run(
+        [nvcc, "-std=c++17", f"-I{ROOT / 'cpp'}", f"-I{cutlass}", str(ROOT / "tests/host_plans/fwd_schedule.cu"),
+         "-o", str(exe)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+    )
+    assert build.returncode == 0, f"compiling fwd_schedule.cu failed:\n{build.stdout}"
+    run = subprocess.run([str(exe)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout
 
 
 def test_backward_cta_order(tmp_path):
