@@ -50,7 +50,7 @@ struct FwdTraits {
   static constexpr bool kClaimsTiles = !kTransposesV && (kConsumers == 3 || kClaimVariant_);
   // Whether the tile walks of the producer thread and the consumers hold their unit across a
   // tile's key blocks (TileWalk, tile_scheduler.h): not where the 16-bit two-consumer tiles
-  // leave no registers to spare (held, the tile's coordinates spilled).
+  // leave no registers to spare (held, the tile's coordinates spilled at hd 256).
   static constexpr bool kWalksHoldUnit = kTransposesV || kConsumers == 3;
   static constexpr int kRowsPerConsumer = 64; // one WGMMA M extent
   static constexpr int kBlockM = kRowsPerConsumer * kConsumers;
