@@ -3,8 +3,10 @@
 ``tests/host_plans/bwd_order.cpp`` includes ``cpp/bwd_tail_split.h`` (the plans are plain C++
 so that the host API can size workspaces from them) and checks the backward's CTA order.
 ``tests/host_plans/fwd_schedule.cu`` checks the forward's unit decode
-(``cpp/hopper/tile_scheduler.h``) as host code: it needs nvcc and the CUTLASS headers (the
-nvidia-cutlass package, or ``CUTLASS_DIR``) and is skipped without them.
+(``cpp/hopper/tile_scheduler.h``) and ``tests/host_plans/fp8_transpose.cu`` the FP8 V
+transpose's unit addresses (``cpp/hopper/fwd_v_transpose_units.h``) as host code: they need nvcc
+and the CUTLASS headers (the nvidia-cutlass package, or ``CUTLASS_DIR``) and are skipped without
+them.
 """
 
 from __future__ import annotations
@@ -46,19 +48,33 @@ def _cutlass_include() -> Path | None:
     return None
 
 
-def test_forward_unit_decode(tmp_path):
+def _run_cuda_host_check(tmp_path: Path, name: str, extra_flags: list[str]) -> None:
+    """Compiles tests/host_plans/<name>.cu as host code and expects it to print "ok"."""
     nvcc, cutlass = _nvcc(), _cutlass_include()
     if nvcc is None or cutlass is None:
         pytest.skip("needs nvcc and the CUTLASS headers (pip install nvidia-cutlass==4.2.0.0)")
-    exe = tmp_path / "fwd_schedule"
+    exe = tmp_path / name
     build = subprocess.run(
-        [nvcc, "-std=c++17", f"-I{ROOT / 'cpp'}", f"-I{cutlass}", str(ROOT / "tests/host_plans/fwd_schedule.cu"),
-         "-o", str(exe)],
+        [nvcc, "-std=c++17", *extra_flags, f"-I{ROOT / 'cpp'}", f"-I{cutlass}",
+         str(ROOT / f"tests/host_plans/{name}.cu"), "-o", str(exe)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
     )
-    assert build.returncode == 0, f"compiling fwd_schedule.cu failed:\n{build.stdout}"
+    assert build.returncode == 0, f"compiling {name}.cu failed:\n{build.stdout}"
     run = subprocess.run([str(exe)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout
+
+
+def test_forward_unit_decode(tmp_path):
+    _run_cuda_host_check(tmp_path, "fwd_schedule", [])
+
+
+def test_fp8_transpose_addresses(tmp_path):
+    # The tile headers CMake generates, empty: the default tiles.
+    generated = tmp_path / "generated"
+    generated.mkdir()
+    for header in ("hopper_tile_overrides.h", "hopper_fp8_tile_overrides.h"):
+        (generated / header).write_text("#pragma once\n")
+    _run_cuda_host_check(tmp_path, "fp8_transpose", ["--expt-relaxed-constexpr", f"-I{generated}"])
 
 
 def test_backward_cta_order(tmp_path):

@@ -40,7 +40,9 @@
 // descale per block); V also takes a transposed copy in shared memory (fwd_v_transpose.h).
 // hd 64 and 128 run three consumers (192-row tiles; hd 128 with 64-key blocks, as 128 keys
 // spill there): on H100, +19 to +23 % TFLOP/s at hd 64 and +4 to +10 % at hd 128 over two
-// consumers on 128-key blocks (benchmarks/results/README.md).
+// consumers on 128-key blocks. hd 256 takes 128-key blocks, which halve the per-block work
+// per key against 64; its consumers then need 240 registers (the producer warpgroup keeps
+// 24) and O is staged in V's buffer (benchmarks/results/README.md).
 #ifndef FLASHCUTE_HOPPER_FP8_TILE_64
 #define FLASHCUTE_HOPPER_FP8_TILE_64 128, 2, 3
 #endif
@@ -48,7 +50,7 @@
 #define FLASHCUTE_HOPPER_FP8_TILE_128 64, 2, 3
 #endif
 #ifndef FLASHCUTE_HOPPER_FP8_TILE_256
-#define FLASHCUTE_HOPPER_FP8_TILE_256 64, 2, 2
+#define FLASHCUTE_HOPPER_FP8_TILE_256 128, 2, 2
 #endif
 
 namespace flashcute::hopper {

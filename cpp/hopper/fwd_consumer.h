@@ -31,6 +31,7 @@
 #include "hopper/fwd_params.h"
 #include "hopper/fwd_split_pieces.h"
 #include "hopper/named_barriers.h"
+#include "hopper/pipeline_count.h"
 #include "hopper/seq_rows.h"
 #include "hopper/wgmma.h"
 #include "mask.h"
@@ -105,10 +106,14 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
   const MmaTurns<Traits::kConsumers> turns{consumer};
   turns.start();
   FwdEpilogue<Traits> epilogue(params, storage, consumer);
-  cutlass::PipelineState<Traits::kStages> k_state, v_state;
+  // Pipeline positions: counts where the consumers' registers run out (kLeanState).
+  using ConsumerState = std::conditional_t<Traits::kLeanState, PipelineCount<Traits::kStages>,
+                                           cutlass::PipelineState<Traits::kStages>>;
+  ConsumerState k_state, v_state;
   int iteration = 0;  // tiles run (a variable-length batch skips those past their sequence)
   unsigned split_last = 0;  // bit p: this CTA counted piece p of its split tiles last
-  TileWalk<Traits::kClaimsTiles, false, Traits::kWalksHoldUnit> walk(params.schedule, storage.claims);
+  TileWalk<Traits::kClaimsTiles, false, Traits::kWalksHoldUnit, Traits::kSplitsTiles> walk(params.schedule,
+                                                                                          storage.claims);
   for (; walk.valid(); walk.advance(iteration)) {
     const FwdTile tile = walk.tile();
     // The tile's sequence (seq_view.h) and its place there (causal pairs per sequence): a tile
@@ -133,16 +138,35 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
     const int mine_begin = cute::min(cute::max(mine.n_begin, n_begin), mine.n_end);
     const int my_row = consumer_row0 + thread_row;
     // 8-bit: the tile's descales (fwd_fp8_scales.h); Q's and K's per-head ones fold into the scale.
+    // kLeanState: they wait in shared memory, a copy per warp, and each key block reads its
+    // part there (held in registers through the key blocks, they spilled).
     Fp8TileScales scales{};
     if constexpr (kFp8) scales = Fp8TileScales::of(args, tile.batch, tile.head, consumer_row0, hook.active());
+    auto stash_slot = [&] { return opaque_consumer_thread() / 32 + 4 * consumer; };
+    if constexpr (Traits::kLeanState) {
+      __syncwarp();  // the previous tile's reads are done
+      if (threadIdx.x % 32 == 0) storage.fp8_scales[stash_slot()] = scales;
+      __syncwarp();
+    }
+    auto tile_scales = [&]() -> Fp8TileScales const& {
+      if constexpr (Traits::kLeanState) return storage.fp8_scales[stash_slot()];
+      else return scales;
+    };
     OnlineSoftmax<kThreadRows, kFp8> softmax(kFp8 ? args.scale_log2 * scales.qk : args.scale_log2);
     clear(acc_o);
     storage.q_full.wait(iteration & 1);
 
+    // The tile's coordinates where needed past its first key block: decoded again where the
+    // consumers take 240 registers, so that they are not live through the key blocks.
+    auto tile_again = [&] {
+      if constexpr (Traits::kLeanState) return walk.tile();
+      else return tile;
+    };
     // Softcap and ALiBi on key block n's raw scores (the slope read here, not held).
     auto apply_hook = [&](auto& acc_s_rc, int n) {
+      const FwdTile t = tile_again();
       hook.apply(acc_s_rc, score_offsets_rc, my_row, n * kBlockN + thread_col, mask.offset(),
-                 hook.alibi_slope(tile.batch, tile.head));
+                 hook.alibi_slope(t.batch, t.head));
     };
 
     // Dropout (16-bit only: 8-bit calls refuse it) on P of key block n.
@@ -154,7 +178,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
     // P scale, before the hook.
     using Fp8Block = Fp8TileScales::Block;
     auto fp8_block = [&](int n) {
-      if constexpr (kFp8) return scales.block(n, kBlockN);
+      if constexpr (kFp8) return tile_scales().block(n, kBlockN);
       else return Fp8Block{};
     };
     // Returns the factor left on the scores: where `fold` (8-bit unmasked blocks' exp2 takes
@@ -163,7 +187,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
     auto descale_block = [&](auto& acc_s_rc, Fp8Block const& factors, bool fold = false) {
       float left = 1.f;
       if constexpr (kFp8) {
-        if (scales.multiplies) {
+        if (tile_scales().multiplies) {
           if (fold && factors.s_factor > 0.f) left = factors.s_factor;  // a max of raw scores stays one
           else Fp8TileScales::multiply(acc_s_rc, factors.s_factor);
         }
@@ -333,8 +357,8 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
       continue;
     }
     float lse[kThreadRows];
-    softmax.finalize(acc_o_rc, lse, kFp8 ? scales.o_factor : args.dropout_rescale);
-    epilogue.store(acc_o, lse, tile, consumer_row0);
+    softmax.finalize(acc_o_rc, lse, kFp8 ? tile_scales().o_factor : args.dropout_rescale);
+    epilogue.store(acc_o, lse, tile_again(), consumer_row0);
     ++iteration;
   }
   // Split tiles this CTA counted last: merged from every piece's state, stored as above.

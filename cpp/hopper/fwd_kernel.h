@@ -69,9 +69,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
-    if (warp_in_group == 0 && producer_thread) produce_fwd<Traits>(params, storage, pipeline_k, pipeline_v);
-    if constexpr (Traits::kTransposesV) {
-      if (warp_in_group > 0) transpose_v<Traits>(params, storage, pipeline_v, pipeline_vt);
+    // One branch or the other: what the transposing warps hold is not live in the TMA thread.
+    if (warp_in_group == 0) {
+      if (producer_thread) produce_fwd<Traits>(params, storage, pipeline_k, pipeline_v);
+    } else if constexpr (Traits::kTransposesV) {
+      transpose_v<Traits>(params, storage, pipeline_v, pipeline_vt);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();

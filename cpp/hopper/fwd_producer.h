@@ -48,7 +48,8 @@ CUTE_DEVICE void produce_fwd(FwdParams<Traits> const& params, typename Traits::S
   auto k_state = cutlass::make_producer_start_state<PipelineKV>();
   auto v_state = cutlass::make_producer_start_state<PipelineKV>();
   int iteration = 0;  // tiles run (a variable-length batch skips those past their sequence)
-  TileWalk<Traits::kClaimsTiles, true, Traits::kWalksHoldUnit> walk(params.schedule, storage.claims);
+  TileWalk<Traits::kClaimsTiles, true, Traits::kWalksHoldUnit, Traits::kSplitsTiles> walk(params.schedule,
+                                                                                         storage.claims);
   for (; walk.valid(); walk.advance()) {
     const FwdTile tile = walk.tile();
     const SeqView view = SeqView::of(args, tile.batch);

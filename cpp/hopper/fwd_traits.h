@@ -14,6 +14,7 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "hopper/fwd_config.h"
+#include "hopper/fwd_fp8_scales.h"
 #include "hopper/tile_scheduler.h"
 
 namespace flashcute::hopper {
@@ -51,20 +52,22 @@ struct FwdTraits {
   // Whether the tile walks of the producer thread and the consumers hold their unit across a
   // tile's key blocks (TileWalk, tile_scheduler.h): not where the 16-bit two-consumer tiles
   // leave no registers to spare (held, the tile's coordinates spilled at hd 256).
-  static constexpr bool kWalksHoldUnit = kTransposesV || kConsumers == 3;
+  static constexpr bool kWalksHoldUnit = kConsumers == 3;
+  // 8-bit calls never split a tile's key blocks (fwd_launch.h): their walks compile no pieces.
+  static constexpr bool kSplitsTiles = !kTransposesV;
   static constexpr int kRowsPerConsumer = 64; // one WGMMA M extent
   static constexpr int kBlockM = kRowsPerConsumer * kConsumers;
   static constexpr int kThreads = 128 * (kConsumers + 1);
-  // setmaxnreg: what the TMA warpgroup keeps (more where its warps also transpose V).
-  // The transposing warps keep their addresses in registers where the consumers can spare
-  // them (two consumers below hd 256, whose O alone takes 128 of a consumer thread's), else in
-  // shared memory (fwd_v_transpose.h).
-  static constexpr bool kTransposeKeepsOffsets = kConsumers == 2 && kHeadDimV < 256;
   static constexpr int kTransposeUnits = kBlockN / 16 * (kHeadDimV / 32);  // 16 keys x 32 columns each
   static constexpr int kTransposeUnitsPerWarp = kTransposesV ? (kTransposeUnits + kTransposeWarps - 1) / kTransposeWarps : 0;
-  static constexpr int kTransposeTable =
-      kTransposesV && !kTransposeKeepsOffsets ? 32 * kTransposeWarps * kTransposeUnitsPerWarp : 1;
-  static constexpr int kProducerRegs = !kTransposesV ? 24 : kTransposeKeepsOffsets ? 72 : 40;
+  // setmaxnreg: what the TMA warpgroup keeps: more where its warps also transpose V, except
+  // where two consumers hold O of 256 columns and S of 128 keys, which need 240 registers.
+  static constexpr int kProducerRegs = !kTransposesV || (kConsumers == 2 && kBlockN * kHeadDimV >= 128 * 256) ? 24 : 40;
+  // Where the consumers take 240 registers beside transposing warps of 24, both keep little
+  // live across key blocks: pipeline positions as counts (pipeline_count.h), the tile's
+  // descales in shared memory, its coordinates decoded again, the transposing lanes'
+  // constants read per block.
+  static constexpr bool kLeanState = kTransposesV && kProducerRegs == 24;
   // The rest of the CTA's allocation, shared by the consumers (a multiple of 8, at most 240).
   static constexpr int kConsumerRegs = cute::min(
       240, ((65536 / kThreads) / 8 * 8 * kThreads / 128 - kProducerRegs) / kConsumers / 8 * 8);
@@ -144,8 +147,10 @@ struct FwdTraits {
   // In Q's buffer each consumer's O must sit on its own Q rows, which other consumers never read.
   static_assert(!kOAliasesQ || (kHeadDimV == kHeadDim && sizeof(ElementO) == sizeof(ElementQK)),
                 "O staged in Q's buffer needs Q's layout");
-  // The transposing warps read V's buffer while the consumers store O: O needs its own buffer.
-  static_assert(!kTransposesV || kOOwnBuffer, "an FP8 tile needs O in a buffer of its own");
+  // 8-bit tiles may stage O in V's buffer too: a consumer stores O only after taking every
+  // transposed stage of its tile, so the transposing warps have read the tile's V by then, and
+  // the next tile's V waits for the O stores.
+  static_assert(!kTransposesV || !kOAliasesQ, "an FP8 tile cannot stage O in Q's buffer");
 
   // Arrivals that free Q's buffer: every consumer thread after its last Q·Kᵀ, or, when O
   // reuses the buffer, one thread per consumer after its O store has read it.
@@ -164,11 +169,11 @@ struct FwdTraits {
     typename PipelineKV::SharedStorage pipeline_k;
     typename PipelineKV::SharedStorage pipeline_v;
     typename PipelineVt::SharedStorage pipeline_vt;
-    uint2 transpose_offsets[kTransposeTable];  // (unit, thread): V's and Vt's offsets in a stage
     cutlass::arch::ClusterTransactionBarrier q_full;  // Q of the current tile landed
     cutlass::arch::ClusterBarrier q_empty;            // consumers are done with Q's buffer
     cutlass::arch::ClusterBarrier o_empty;            // O in V's buffer: the O stores have read it
     TileClaims claims;                                // the claimed tile order's ring (tile_scheduler.h)
+    Fp8TileScales fp8_scales[kLeanState ? 4 * kConsumers : 1];  // kLeanState: each consumer warp's tile descales
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= kSmemLimit, "tile does not fit in shared memory");

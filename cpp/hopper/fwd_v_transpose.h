@@ -20,6 +20,8 @@
 #include <cutlass/arch/barrier.h>
 
 #include "hopper/fwd_params.h"
+#include "hopper/fwd_v_transpose_units.h"
+#include "hopper/pipeline_count.h"
 #include "hopper/seq_rows.h"
 #include "mask.h"
 #include "seq_view.h"
@@ -51,83 +53,105 @@ CUTE_DEVICE void transpose_v(FwdParams<Traits> const& params, typename Traits::S
   constexpr int kUnits = Traits::kTransposeUnits;
   static_assert(kBlockN % 16 == 0 && kHeadDimV % 32 == 0);
   const FwdKernelParams& args = params.args;
-  const int thread = threadIdx.x - 32;  // warps 1..3 of warpgroup 0
-  const int warp = thread / 32, lane = thread % 32;
+  using Units = TransposeUnits<Traits>;
+  Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutV{});  // (keys, hdv, stage)
+  // This lane's constants: its warp (0..2), its byte-permute selector and its offsets in unit 0
+  // of stage 0 (fwd_v_transpose_units.h). stmatrix takes row r of every matrix from lanes
+  // 4r..4r+3, so lanes 16-31 put their odd column first (TransposeUnits::store_col).
+  struct Lane {
+    uint32_t thread, warp, first_select, v_at, vt_at;
+  };
+  auto lane_constants = [&] {
+    int tid;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));  // read where called, not held (kLeanState)
+    Lane l;
+    l.thread = uint32_t(tid) - 32;  // warps 1..3 of warpgroup 0
+    const uint32_t lane = l.thread % 32;
+    l.warp = l.thread / 32;
+    l.first_select = lane < 16 ? 0x6420 : 0x7531;
+    l.v_at = cast_smem_ptr_to_uint(storage.v.data()) + Units::v_lane(lane);
+    l.vt_at = cast_smem_ptr_to_uint(storage.vt.data()) + Units::vt_lane(lane);
+    return l;
+  };
+  Lane held{};
+  if constexpr (!Traits::kLeanState) held = lane_constants();
 
-  Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutV{});    // (keys, hdv, stage)
-  Tensor sVt = make_tensor(make_smem_ptr(storage.vt.data()), typename Traits::SmemLayoutVt{});  // (hdv, keys, stage)
-  // This lane's row of its ldmatrix / stmatrix matrix m = lane / 8: matrices 0-3 are (keys 0-7,
-  // cols 0-15), (keys 8-15, cols 0-15), (keys 0-7, cols 16-31), (keys 8-15, cols 16-31) of a unit
-  // on the way in; on the way out, matrix m's row r is column 16 (m >> 1) + 2r + 1 when
-  // (m & 1) differs from r >= 4, else the even one before it. stmatrix takes row r of every
-  // matrix from lanes 4r..4r+3, so lanes 16-31 put their odd column first.
-  const int m = lane / 8, r = lane % 8;
-  const int load_key = 8 * (m & 1) + r, load_col = 16 * (m >> 1);
-  const int store_col = 16 * (m >> 1) + 2 * r + ((m & 1) ^ (r >> 2));
-  const uint32_t first_select = lane < 16 ? 0x6420 : 0x7531, second_select = first_select ^ 0x1111;
-  // This lane's offsets in a stage for each of its warp's units, computed once (a stage's
-  // swizzle pattern is the same in every stage): in registers where the warps keep enough,
-  // else in a table in shared memory, one 8-byte load per unit.
-  constexpr int kMyUnits = Traits::kTransposeUnitsPerWarp;
-  constexpr bool kKeepsOffsets = Traits::kTransposeKeepsOffsets;
-  const uint32_t v_base = cast_smem_ptr_to_uint(storage.v.data());
-  const uint32_t vt_base = cast_smem_ptr_to_uint(storage.vt.data());
-  constexpr uint32_t kVStageBytes = kBlockN * kHeadDimV, kVtStageBytes = kBlockN * kHeadDimV;
-  static_assert(cosize_v<typename Traits::SmemLayoutV> == Traits::kStages * kVStageBytes &&
-                cosize_v<typename Traits::SmemLayoutVtBuffer> == Traits::kStages * kVtStageBytes);
-  uint32_t v_offset[kKeepsOffsets ? kMyUnits : 1], vt_offset[kKeepsOffsets ? kMyUnits : 1];
-  CUTE_UNROLL
-  for (int i = 0; i < kMyUnits; ++i) {
-    const int unit = cute::min(warp + i * Traits::kTransposeWarps, kUnits - 1);
-    const int key0 = unit % (kBlockN / 16) * 16, col0 = unit / (kBlockN / 16) * 32;
-    const uint32_t v_at = cast_smem_ptr_to_uint(&sV(key0 + load_key, col0 + load_col, 0)) - v_base;
-    const uint32_t vt_at = cast_smem_ptr_to_uint(&sVt(col0 + store_col, key0, 0)) - vt_base;
-    if constexpr (kKeepsOffsets) v_offset[i] = v_at, vt_offset[i] = vt_at;
-    else storage.transpose_offsets[i * kThreads + thread] = make_uint2(v_at, vt_at);  // read by this thread only
-  }
-
-  auto v_state = cutlass::PipelineState<Traits::kStages>();
-  auto vt_state = cutlass::make_producer_start_state<typename Traits::PipelineVt>();
+  // V's and the transposed stages advance together, once per key block: one count for both
+  // (pipeline_count.h). Where these warps keep 24 registers (kLeanState), little stays live
+  // across blocks: the lane's constants are read again per block.
+  PipelineCount<Traits::kStages> count;
   int step = 0;  // tiles run (the claimed order hands on only tiles with rows)
-  for (TileWalk<Traits::kClaimsTiles> walk(params.schedule, storage.claims); walk.valid(); walk.advance(++step)) {
+  for (TileWalk<Traits::kClaimsTiles, false, false, Traits::kSplitsTiles> walk(params.schedule, storage.claims);
+       walk.valid(); walk.advance(++step)) {
     const FwdTile tile = walk.tile();
     const SeqView view = SeqView::of(args, tile.batch);
     const TileKeyBlocks blocks = tile_key_blocks(params, tile, view);
-    for (int n = blocks.n_end - 1; n >= blocks.n_begin; --n) {
-      pipeline_v.consumer_wait(v_state);
-      const int stage = v_state.index();
-      if (!SeqView::fixed(args) && (n + 1) * kBlockN > view.seqlen_k) {
-        zero_tile_rows(sV(_, _, stage), view.seqlen_k - n * kBlockN, thread, kThreads);
+    // Only the first block visited, the tile's last, can reach past the sequence's used keys:
+    // its rows from zero_from on are zeroed (kBlockN: none).
+    int zero_from = kBlockN;
+    if (!SeqView::fixed(args) && blocks.n_end > blocks.n_begin && blocks.n_end * kBlockN > view.seqlen_k)
+      zero_from = view.seqlen_k - (blocks.n_end - 1) * kBlockN;
+    for (int left = blocks.n_end - blocks.n_begin; left > 0; --left, ++count) {
+      const int stage = count.index();
+      pipeline_v.consumer_wait(count);
+      const Lane lane = Traits::kLeanState ? lane_constants() : held;
+      if (zero_from < kBlockN) {
+        zero_tile_rows(sV(_, _, stage), zero_from, int(lane.thread), kThreads);
         named_barrier_sync(kTransposeBarrier, kThreads);
+        zero_from = kBlockN;
       }
-      pipeline_vt.producer_acquire(vt_state);
-      const uint32_t v_stage = v_base + stage * kVStageBytes, vt_stage = vt_base + vt_state.index() * kVtStageBytes;
-      auto transpose_unit = [&](uint32_t v_at, uint32_t vt_at) {
+      pipeline_vt.producer_acquire(PipelineCount<Traits::kStages, true>{count.count});
+      // A unit's address: this lane's offset in unit 0 XOR the unit's bits, plus its rows.
+      // Stage bases are multiples of 1024 bytes, so adding one before the XOR leaves the
+      // swizzled bits alone.
+      const uint32_t v_at = lane.v_at + stage * Units::kVStageBytes;
+      const uint32_t vt_at = lane.vt_at + stage * Units::kVtStageBytes;
+      const uint32_t first_select = lane.first_select;
+      // One unit: its V rows at v, its transposed rows at vt.
+      auto transpose_at = [&](uint32_t v, uint32_t vt) {
         uint32_t in[4], out[4];
-        ldmatrix_x4_trans(v_stage + v_at, in);
+        ldmatrix_x4_trans(v, in);
         // A column of keys 2t, 2t+1, 2t+8, 2t+9 per word: 0x6420 the even one, 0x7531 the odd one.
         out[0] = __byte_perm(in[0], in[1], first_select);
-        out[1] = __byte_perm(in[0], in[1], second_select);
+        out[1] = __byte_perm(in[0], in[1], first_select ^ 0x1111);
         out[2] = __byte_perm(in[2], in[3], first_select);
-        out[3] = __byte_perm(in[2], in[3], second_select);
-        stmatrix_x4(vt_stage + vt_at, out);
+        out[3] = __byte_perm(in[2], in[3], first_select ^ 0x1111);
+        stmatrix_x4(vt, out);
       };
-      CUTE_UNROLL
-      for (int i = 0; i < kMyUnits; ++i) {
-        if (warp + i * Traits::kTransposeWarps < kUnits) {
-          if constexpr (kKeepsOffsets) {
-            transpose_unit(v_offset[i], vt_offset[i]);
-          } else {
-            const uint2 at = storage.transpose_offsets[i * kThreads + thread];
-            transpose_unit(at.x, at.y);
+      auto transpose_unit = [&](int unit) {
+        transpose_at((v_at ^ Units::v_xor(unit)) + Units::v_rows(unit),
+                     (vt_at ^ Units::vt_xor(unit)) + Units::vt_rows(unit));
+      };
+      // Warp w takes units w, w + 3, ... With registers to spare, one unrolled copy of the loop
+      // per warp makes every unit's bits and rows constants. With 24 (kLeanState), the warp
+      // walks base units w, w + 3, ... of V's first swizzle atom, each with its units in the
+      // other atoms (TransposeUnits::kBaseUnits): unrolled, ptxas computes every unit's
+      // address up front, more registers than the warps keep.
+      static_assert(Traits::kTransposeWarps == 3);
+      if constexpr (!Traits::kLeanState) {
+        auto transpose_units = [&](auto warp_c) {
+          CUTE_UNROLL
+          for (int i = 0; i < Traits::kTransposeUnitsPerWarp; ++i) {
+            const int unit = decltype(warp_c)::value + i * Traits::kTransposeWarps;
+            if (unit < kUnits) transpose_unit(unit);
           }
+        };
+        if (lane.warp == 0) transpose_units(Int<0>{});
+        else if (lane.warp == 1) transpose_units(Int<1>{});
+        else transpose_units(Int<2>{});
+      } else {
+#pragma unroll 1
+        for (int base = lane.warp; base < Units::kBaseUnits; base += Traits::kTransposeWarps) {
+          const uint32_t v_base = (v_at ^ Units::v_xor(base)) + Units::v_rows(base);
+          const uint32_t vt_base = (vt_at ^ Units::vt_xor(base)) + Units::vt_rows(base);
+          CUTE_UNROLL
+          for (int atom = 0; atom < Units::kAtomsV; ++atom)
+            transpose_at(v_base + atom * Units::v_atom_step(), vt_base + atom * Units::vt_atom_step());
         }
       }
       cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by WGMMA
-      pipeline_vt.producer_commit(vt_state);
-      pipeline_v.consumer_release(v_state);
-      ++v_state;
-      ++vt_state;
+      pipeline_vt.producer_commit(PipelineCount<Traits::kStages, true>{count.count});
+      pipeline_v.consumer_release(count);
     }
   }
 }

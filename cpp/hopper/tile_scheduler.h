@@ -182,8 +182,11 @@ struct TileClaims {
 // spare across a tile's key blocks (the 16-bit two-consumer tiles: their consumers, and the
 // producer thread), its walks decode the unit from its index once per tile instead (a few
 // multiplies), or, reading a claimed order, read it again from the ring.
-template <bool kClaims, bool kClaimer = false, bool kHoldsUnit = true>
+// Kernels whose calls never split tiles (kSplits false: 8-bit) compile neither the pieces nor
+// their state: there the walk ends at the last whole unit.
+template <bool kClaims, bool kClaimer = false, bool kHoldsUnit = true, bool kSplits = true>
 struct TileWalk {
+  static_assert(kSplits || !kClaims, "a walk without pieces runs the fixed order");
   TileSchedule const& schedule;
   TileClaims& claims;
   int unit_index;
@@ -204,13 +207,19 @@ struct TileWalk {
       }
     } else if (unit_index < schedule.split.whole_units) {
       hold_unit();
-    } else {
+    } else if constexpr (kSplits) {
       start_pieces();
     }
   }
   CUTE_DEVICE bool claimed_order() const { return kClaims && schedule.claims != nullptr; }
-  CUTE_DEVICE bool valid() const { return piece < pieces; }
-  CUTE_DEVICE FwdTile tile() const { return piece < 0 ? current_unit().tile(part) : piece_tile(piece); }
+  CUTE_DEVICE bool valid() const {
+    if constexpr (!kSplits) return unit_index < schedule.split.whole_units;
+    return piece < pieces;
+  }
+  CUTE_DEVICE FwdTile tile() const {
+    if constexpr (!kSplits) return current_unit().tile(part);
+    return piece < 0 ? current_unit().tile(part) : piece_tile(piece);
+  }
   // Piece k (0 or 1) of this CTA's range of the split tiles' key blocks.
   CUTE_DEVICE FwdTile piece_tile(int k) const {
     FwdTailSplit const& split = schedule.split;
@@ -225,7 +234,7 @@ struct TileWalk {
   }
   // `step`: a reader's tiles run so far (the claimed order's next step).
   CUTE_DEVICE void advance(int step = 0) {
-    if (piece >= 0) {
+    if (kSplits && piece >= 0) {
       ++piece;
       return;
     }
@@ -238,7 +247,7 @@ struct TileWalk {
     }
     unit_index += grid_size();
     if (unit_index < schedule.split.whole_units) hold_unit();
-    else start_pieces();
+    else if constexpr (kSplits) start_pieces();
   }
   CUTE_DEVICE FwdUnit current_unit() const {
     if constexpr (kHoldsUnit) return unit;
