@@ -193,26 +193,29 @@ def test_fp8_fa3_descale_convention_and_fp16_out(request):
     _check(out, None, q, k, v, qd_heads, kd, vd, causal=True, scale=1 / math.sqrt(d))
 
 
+# hd 256 runs the tile whose consumers decode the tile again for the score hook (kLeanState).
+@pytest.mark.parametrize("headdim", [128, 256])
 @pytest.mark.parametrize("window", [(100, 0), (64, 64)])
-def test_fp8_window_and_softcap(request, window):
+def test_fp8_window_and_softcap(request, window, headdim):
     seed = _seed(request)
-    q, qd = _quantized((1, 400, 2, 128), "block", seed)
-    k, kd = _quantized((1, 450, 1, 128), "block", seed + 1)
-    v, vd = _quantized((1, 450, 1, 128), "block", seed + 2)
+    q, qd = _quantized((1, 400, 2, headdim), "block", seed)
+    k, kd = _quantized((1, 450, 1, headdim), "block", seed + 1)
+    v, vd = _quantized((1, 450, 1, headdim), "block", seed + 2)
     scale = 0.3
     result, lse = _call(q, k, v, qd, kd, vd, window=window, softcap=15.0, softmax_scale=scale, return_lse=True)
     _check(result, lse, q, k, v, qd, kd, vd, causal=False, scale=scale, window=window, softcap=15.0)
 
 
-def test_fp8_alibi_with_block_descales(request):
+@pytest.mark.parametrize("headdim", [64, 256])
+def test_fp8_alibi_with_block_descales(request, headdim):
     seed = _seed(request)
-    q, qd = _quantized((2, 300, 4, 64), "block", seed)
-    k, kd = _quantized((2, 200, 2, 64), "block", seed + 1)
-    v, vd = _quantized((2, 200, 2, 64), "block", seed + 2)
+    q, qd = _quantized((2, 300, 4, headdim), "block", seed)
+    k, kd = _quantized((2, 200, 2, headdim), "block", seed + 1)
+    v, vd = _quantized((2, 200, 2, headdim), "block", seed + 2)
     slopes = np.random.default_rng(seed).random((2, 4)) * 0.1
     result, lse = _call(q, k, v, qd, kd, vd, causal=True, return_lse=True,
                         alibi_slopes=torch.from_numpy(slopes).float().to(DEVICE))
-    _check(result, lse, q, k, v, qd, kd, vd, causal=True, scale=1 / math.sqrt(64),
+    _check(result, lse, q, k, v, qd, kd, vd, causal=True, scale=1 / math.sqrt(headdim),
            alibi=slopes.astype(np.float32).astype(np.float64))
 
 
@@ -286,12 +289,14 @@ def test_fp8_accuracy_modes(causal):
     assert rmse["a"] / rmse["c"] >= 0.85 * emulated_rmse["a"] / emulated_rmse["c"], (rmse, emulated_rmse)
 
 
+@pytest.mark.parametrize("headdim", [128, 256])
 @pytest.mark.parametrize("causal", [False, True])
-def test_fp8_varlen(request, causal):
-    """Packed sequences of different lengths with per-(sequence, head) descales."""
+def test_fp8_varlen(request, causal, headdim):
+    """Packed sequences of different lengths with per-(sequence, head) descales: the transposing
+    warps zero V's rows past each sequence (keys of the next one) in its last key block."""
     seed = _seed(request)
     lens_q, lens_k = [5, 130, 64], [300, 77, 129]
-    h, hk, d = 4, 2, 128
+    h, hk, d = 4, 2, headdim
     parts = []
     for i, (sq, sk) in enumerate(zip(lens_q, lens_k)):
         q, qd = _quantized((1, sq, h, d), "head", seed + 3 * i)
@@ -312,3 +317,35 @@ def test_fp8_varlen(request, causal):
     for i, (pq, pk, pv, pqd, pkd, pvd) in enumerate(parts):
         rows = slice(int(cu_q[i]), int(cu_q[i + 1]))
         _check(out[rows][None], lse[:, rows][None], pq, pk, pv, pqd, pkd, pvd, causal=causal, scale=scale)
+
+
+@pytest.mark.parametrize("headdim", [128, 256])
+def test_fp8_varlen_unused_keys_are_never_read(request, headdim):
+    """seqused_k: each sequence uses the first keys of its range; V's rows past them hold NaN,
+    which the kernel must zero (the transposing warps, in the last key block) before P·V."""
+    seed = _seed(request)
+    lens_q, lens_k, used = [70, 33], [300, 200], [250, 129]
+    h, hk = 4, 2
+    parts = []
+    for i, (sq, sk) in enumerate(zip(lens_q, lens_k)):
+        q, qd = _quantized((1, sq, h, headdim), "head", seed + 3 * i)
+        k, kd = _quantized((1, sk, hk, headdim), "head", seed + 3 * i + 1)
+        v, vd = _quantized((1, sk, hk, headdim), "head", seed + 3 * i + 2)
+        parts.append((q, k, v, qd, kd, vd))
+    cat = lambda j: np.concatenate([p[j][0] for p in parts], axis=0)  # noqa: E731
+    v_poisoned = cat(2).astype(np.float32)
+    for i, start in enumerate(np.cumsum([0] + lens_k[:-1])):
+        v_poisoned[start + used[i]:start + lens_k[i]] = np.nan
+    v_dev = torch.from_numpy(v_poisoned).to(torch.float8_e4m3fn).to(DEVICE)
+    qd, kd, vd = (np.concatenate([p[j] for p in parts], axis=0) for j in (3, 4, 5))
+    cu_q = torch.tensor(np.concatenate([[0], np.cumsum(lens_q)]), dtype=torch.int32, device=DEVICE)
+    cu_k = torch.tensor(np.concatenate([[0], np.cumsum(lens_k)]), dtype=torch.int32, device=DEVICE)
+    descales = {name: torch.from_numpy(x).float().to(DEVICE) for name, x in
+                (("q_descale", qd), ("k_descale", kd), ("v_descale", vd))}
+    out, lse = flashcute.attention_varlen(
+        _to_device(cat(0)), _to_device(cat(1)), v_dev, cu_q, cu_k, max(lens_q), max(lens_k),
+        seqused_k=torch.tensor(used, dtype=torch.int32, device=DEVICE), return_lse=True, **descales)
+    for i, (pq, pk, pv, pqd, pkd, pvd) in enumerate(parts):
+        rows = slice(int(cu_q[i]), int(cu_q[i + 1]))
+        _check(out[rows][None], lse[:, rows][None], pq, pk[:, :used[i]], pv[:, :used[i]], pqd, pkd, pvd,
+               causal=False, scale=1 / math.sqrt(headdim))
