@@ -60,17 +60,22 @@ struct FwdTraits {
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kTransposeUnits = kBlockN / 16 * (kHeadDimV / 32);  // 16 keys x 32 columns each
   static constexpr int kTransposeUnitsPerWarp = kTransposesV ? (kTransposeUnits + kTransposeWarps - 1) / kTransposeWarps : 0;
-  // setmaxnreg: what the TMA warpgroup keeps: more where its warps also transpose V, except
-  // where two consumers hold O of 256 columns and S of 128 keys, which need 240 registers.
-  static constexpr int kProducerRegs = !kTransposesV || (kConsumers == 2 && kBlockN * kHeadDimV >= 128 * 256) ? 24 : 40;
-  // Where the consumers take 240 registers beside transposing warps of 24, both keep little
-  // live across key blocks: pipeline positions as counts (pipeline_count.h), the tile's
-  // descales in shared memory, its coordinates decoded again, the transposing lanes'
-  // constants read per block.
-  static constexpr bool kLeanState = kTransposesV && kProducerRegs == 24;
+  // A consumer thread's accumulators: S and O in fp32, P in 8 bits (8-bit tiles).
+  static constexpr int kAccumulatorRegs = (kBlockN + kHeadDimV) / 2 + kBlockN / 8;
+  // The consumers' registers beside a producer warpgroup that keeps `producer`.
+  static constexpr int consumer_regs(int producer) {
+    return cute::min(240, ((65536 / kThreads) / 8 * 8 * kThreads / 128 - producer) / kConsumers / 8 * 8);
+  }
+  // 8-bit tiles whose accumulators leave the consumers fewer than 32 other registers beside a
+  // transposing warpgroup of 40 (hd 256 on 128 keys; hd 128 on 128 keys with three consumers):
+  // the producer warpgroup keeps 24, and both keep little live across key blocks: pipeline
+  // positions as counts (pipeline_count.h), the tile's descales in shared memory, its
+  // coordinates decoded again, the transposing lanes' constants read per block.
+  static constexpr bool kLeanState = kTransposesV && consumer_regs(40) - kAccumulatorRegs < 32;
+  // setmaxnreg: what the TMA warpgroup keeps (more where its warps also transpose V).
+  static constexpr int kProducerRegs = !kTransposesV || kLeanState ? 24 : 40;
   // The rest of the CTA's allocation, shared by the consumers (a multiple of 8, at most 240).
-  static constexpr int kConsumerRegs = cute::min(
-      240, ((65536 / kThreads) / 8 * 8 * kThreads / 128 - kProducerRegs) / kConsumers / 8 * 8);
+  static constexpr int kConsumerRegs = consumer_regs(kProducerRegs);
   // setmaxnreg only moves registers within the CTA's launch allocation (65536 / kThreads per
   // thread, rounded down to 8); asking for more than it holds waits forever.
   static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= (65536 / kThreads) / 8 * 8 * kThreads,
