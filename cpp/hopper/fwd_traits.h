@@ -67,8 +67,8 @@ struct FwdTraits {
     return cute::min(240, ((65536 / kThreads) / 8 * 8 * kThreads / 128 - producer) / kConsumers / 8 * 8);
   }
   // 8-bit tiles whose accumulators leave the consumers fewer than 32 other registers beside a
-  // transposing warpgroup of 40 (hd 256 on 128 keys; hd 128 on 128 keys with three consumers):
-  // the producer warpgroup keeps 24, and both keep little live across key blocks: pipeline
+  // transposing warpgroup of 40 (of the default tiles, hd 256 on 128 keys): the producer
+  // warpgroup keeps 24, and both keep little live across key blocks: pipeline
   // positions as counts (pipeline_count.h), the tile's descales in shared memory, its
   // coordinates decoded again, the transposing lanes' constants read per block.
   static constexpr bool kLeanState = kTransposesV && consumer_regs(40) - kAccumulatorRegs < 32;
