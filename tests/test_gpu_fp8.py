@@ -289,62 +289,52 @@ def test_fp8_accuracy_modes(causal):
     assert rmse["a"] / rmse["c"] >= 0.85 * emulated_rmse["a"] / emulated_rmse["c"], (rmse, emulated_rmse)
 
 
-@pytest.mark.parametrize("headdim", [128, 256])
-@pytest.mark.parametrize("causal", [False, True])
-def test_fp8_varlen(request, causal, headdim):
-    """Packed sequences of different lengths with per-(sequence, head) descales: the transposing
-    warps zero V's rows past each sequence (keys of the next one) in its last key block."""
-    seed = _seed(request)
-    lens_q, lens_k = [5, 130, 64], [300, 77, 129]
-    h, hk, d = 4, 2, headdim
+def _packed_sequences(lens_q: list[int], lens_k: list[int], h: int, hk: int, d: int, seed: int):
+    """Sequences quantized with per-(sequence, head) descales: (parts, packed q, k, v, the
+    descales on the device, cu_seqlens_q, cu_seqlens_k)."""
     parts = []
     for i, (sq, sk) in enumerate(zip(lens_q, lens_k)):
         q, qd = _quantized((1, sq, h, d), "head", seed + 3 * i)
         k, kd = _quantized((1, sk, hk, d), "head", seed + 3 * i + 1)
         v, vd = _quantized((1, sk, hk, d), "head", seed + 3 * i + 2)
         parts.append((q, k, v, qd, kd, vd))
-    cat = lambda j: np.concatenate([p[j][0] for p in parts], axis=0)  # noqa: E731
-    q, k, v = cat(0), cat(1), cat(2)
-    qd, kd, vd = (np.concatenate([p[j] for p in parts], axis=0) for j in (3, 4, 5))
+    q, k, v = (np.concatenate([p[j][0] for p in parts], axis=0) for j in (0, 1, 2))
+    descales = {name: torch.from_numpy(np.concatenate([p[j] for p in parts], axis=0)).float().to(DEVICE)
+                for name, j in (("q_descale", 3), ("k_descale", 4), ("v_descale", 5))}
     cu_q = torch.tensor(np.concatenate([[0], np.cumsum(lens_q)]), dtype=torch.int32, device=DEVICE)
     cu_k = torch.tensor(np.concatenate([[0], np.cumsum(lens_k)]), dtype=torch.int32, device=DEVICE)
-    descales = {name: torch.from_numpy(x).float().to(DEVICE) for name, x in
-                (("q_descale", qd), ("k_descale", kd), ("v_descale", vd))}
+    return parts, q, k, v, descales, cu_q, cu_k
+
+
+@pytest.mark.parametrize("headdim", [128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp8_varlen(request, causal, headdim):
+    """Packed sequences of different lengths with per-(sequence, head) descales: the transposing
+    warps zero V's rows past each sequence (keys of the next one) in its last key block."""
+    lens_q, lens_k = [5, 130, 64], [300, 77, 129]
+    parts, q, k, v, descales, cu_q, cu_k = _packed_sequences(lens_q, lens_k, 4, 2, headdim, _seed(request))
     out, lse = flashcute.attention_varlen(
         _to_device(q), _to_device(k), _to_device(v), cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
         return_lse=True, **descales)
-    scale = 1 / math.sqrt(d)
     for i, (pq, pk, pv, pqd, pkd, pvd) in enumerate(parts):
         rows = slice(int(cu_q[i]), int(cu_q[i + 1]))
-        _check(out[rows][None], lse[:, rows][None], pq, pk, pv, pqd, pkd, pvd, causal=causal, scale=scale)
+        _check(out[rows][None], lse[:, rows][None], pq, pk, pv, pqd, pkd, pvd, causal=causal,
+               scale=1 / math.sqrt(headdim))
 
 
 @pytest.mark.parametrize("headdim", [128, 256])
 def test_fp8_varlen_unused_keys_are_never_read(request, headdim):
     """seqused_k: each sequence uses the first keys of its range; V's rows past them hold NaN,
     which the kernel must zero (the transposing warps, in the last key block) before P·V."""
-    seed = _seed(request)
     lens_q, lens_k, used = [70, 33], [300, 200], [250, 129]
-    h, hk = 4, 2
-    parts = []
-    for i, (sq, sk) in enumerate(zip(lens_q, lens_k)):
-        q, qd = _quantized((1, sq, h, headdim), "head", seed + 3 * i)
-        k, kd = _quantized((1, sk, hk, headdim), "head", seed + 3 * i + 1)
-        v, vd = _quantized((1, sk, hk, headdim), "head", seed + 3 * i + 2)
-        parts.append((q, k, v, qd, kd, vd))
-    cat = lambda j: np.concatenate([p[j][0] for p in parts], axis=0)  # noqa: E731
-    v_poisoned = cat(2).astype(np.float32)
+    parts, q, k, v, descales, cu_q, cu_k = _packed_sequences(lens_q, lens_k, 4, 2, headdim, _seed(request))
+    v_poisoned = v.astype(np.float32)
     for i, start in enumerate(np.cumsum([0] + lens_k[:-1])):
         v_poisoned[start + used[i]:start + lens_k[i]] = np.nan
-    v_dev = torch.from_numpy(v_poisoned).to(torch.float8_e4m3fn).to(DEVICE)
-    qd, kd, vd = (np.concatenate([p[j] for p in parts], axis=0) for j in (3, 4, 5))
-    cu_q = torch.tensor(np.concatenate([[0], np.cumsum(lens_q)]), dtype=torch.int32, device=DEVICE)
-    cu_k = torch.tensor(np.concatenate([[0], np.cumsum(lens_k)]), dtype=torch.int32, device=DEVICE)
-    descales = {name: torch.from_numpy(x).float().to(DEVICE) for name, x in
-                (("q_descale", qd), ("k_descale", kd), ("v_descale", vd))}
     out, lse = flashcute.attention_varlen(
-        _to_device(cat(0)), _to_device(cat(1)), v_dev, cu_q, cu_k, max(lens_q), max(lens_k),
-        seqused_k=torch.tensor(used, dtype=torch.int32, device=DEVICE), return_lse=True, **descales)
+        _to_device(q), _to_device(k), torch.from_numpy(v_poisoned).to(torch.float8_e4m3fn).to(DEVICE), cu_q, cu_k,
+        max(lens_q), max(lens_k), seqused_k=torch.tensor(used, dtype=torch.int32, device=DEVICE), return_lse=True,
+        **descales)
     for i, (pq, pk, pv, pqd, pkd, pvd) in enumerate(parts):
         rows = slice(int(cu_q[i]), int(cu_q[i + 1]))
         _check(out[rows][None], lse[:, rows][None], pq, pk[:, :used[i]], pv[:, :used[i]], pqd, pkd, pvd,
