@@ -50,7 +50,7 @@ struct FwdTraits {
   // (benchmarks/results/README.md).
   static constexpr bool kClaimsTiles = !kTransposesV && (kConsumers == 3 || kClaimVariant_);
   // Whether the tile walks of the producer thread and the consumers hold their unit across a
-  // tile's key blocks (TileWalk, tile_scheduler.h): not where the 16-bit two-consumer tiles
+  // tile's key blocks (TileWalk, tile_scheduler.h): not where the two-consumer tiles
   // leave no registers to spare (held, the tile's coordinates spilled at hd 256).
   static constexpr bool kWalksHoldUnit = kConsumers == 3;
   // 8-bit calls never split a tile's key blocks (fwd_launch.h): their walks compile no pieces.

@@ -6,7 +6,7 @@
 // 16-byte chunks are permuted by XOR with the row's index. A unit starts at a multiple of 8
 // rows, so it sees the same permutation as unit 0: a lane's address in unit u is its address in
 // unit 0 with the unit's column bits inside the atom XORed in, plus the start of the unit's
-// rows (and atom). Only the XOR depends on the lane; the sum is a load's immediate offset.
+// rows (and atom): per unit one XOR, and the rows are the load's immediate offset.
 // tests/host_plans/fp8_transpose.cu checks this against CuTe's layouts for every lane and unit.
 #pragma once
 

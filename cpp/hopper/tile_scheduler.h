@@ -179,7 +179,7 @@ struct TileClaims {
 // without it (kClaims false) compile the fixed order alone.
 //
 // A walk holds its unit (kHoldsUnit), decoded once per unit. Where a kernel has no registers to
-// spare across a tile's key blocks (the 16-bit two-consumer tiles: their consumers, and the
+// spare across a tile's key blocks (the two-consumer tiles: their consumers, and the
 // producer thread), its walks decode the unit from its index once per tile instead (a few
 // multiplies), or, reading a claimed order, read it again from the ring.
 // Kernels whose calls never split tiles (kSplits false: 8-bit) compile neither the pieces nor
