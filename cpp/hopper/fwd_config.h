@@ -36,18 +36,17 @@
 #define FLASHCUTE_HOPPER_TILE_64_SHORT_CAUSAL 64, 4, 3
 #endif
 
-// FP8 (e4m3) tiles: key blocks of 128 or 64 lie in one 128-row descale block (one K and V
-// descale per block); V also takes a transposed copy in shared memory (fwd_v_transpose.h).
-// hd 64 and 128 run three consumers (192-row tiles; hd 128 with 64-key blocks, as 128 keys
-// spill there): on H100, +19 to +23 % TFLOP/s at hd 64 and +4 to +10 % at hd 128 over two
-// consumers on 128-key blocks. hd 256 takes 128-key blocks, which halve the per-block work
-// per key against 64; its consumers then need 240 registers (the producer warpgroup keeps
-// 24) and O is staged in V's buffer (benchmarks/results/README.md).
+// FP8 (e4m3) tiles: 128-key blocks, each in one 128-row descale block (one K and V descale
+// per block), which halve the per-block work per key against 64; V also takes a transposed
+// copy in shared memory (fwd_v_transpose.h). hd 64 runs three consumers (192-row tiles: less
+// L2 traffic per FLOP); hd 128 two, as a third spills on 128 keys, and two on 128 keys beat
+// three on 64 from 4k on; hd 256's consumers need 240 registers (the producer warpgroup keeps
+// 24) and O is staged in V's buffer. Measured on H100: benchmarks/results/README.md.
 #ifndef FLASHCUTE_HOPPER_FP8_TILE_64
 #define FLASHCUTE_HOPPER_FP8_TILE_64 128, 2, 3
 #endif
 #ifndef FLASHCUTE_HOPPER_FP8_TILE_128
-#define FLASHCUTE_HOPPER_FP8_TILE_128 64, 2, 3
+#define FLASHCUTE_HOPPER_FP8_TILE_128 128, 2, 2
 #endif
 #ifndef FLASHCUTE_HOPPER_FP8_TILE_256
 #define FLASHCUTE_HOPPER_FP8_TILE_256 128, 2, 2
