@@ -442,11 +442,11 @@ CUTE_DEVICE void bwd_block(const BwdKernelParams& params, int pair_begin) {
   Tensor dv = convert_fragment<Element>(acc_dv);
   cp_async_wait<0>();
   __syncthreads();  // K and V are no longer read
-  // General variant, sm80 code: the epilogue's thread offsets computed afresh from an opaque
-  // thread index. Derived from tid, ptxas kept them live through the query-block loop and
-  // spilled (hd 128-256); the sm90 code is spill-free as it is (and spills at hd 128 with this).
+  // General variant: the epilogue's thread offsets computed afresh from an opaque thread
+  // index. Derived from tid, they equal the K/V loads' offsets, which ptxas then kept live
+  // through the query-block loop and spilled (sm80 code at hd 128-256, sm90 at hd 64 and 128).
   int tid_epi = tid;
-  if constexpr (kGeneral && FLASHCUTE_AMPERE_TILE_ARCH == 80)
+  if constexpr (kGeneral)
     asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid_epi));
   auto copy_dkv = make_tiled_copy_C(typename Traits::SmemCopyAtomStore{}, mma_dkv);
   auto thr_copy_dkv = copy_dkv.get_thread_slice(tid_epi);
