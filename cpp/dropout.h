@@ -136,20 +136,26 @@ struct Dropout {
   // i + (j bit 0), and the lane holding key j ^ 1 of the same queries (lane ^ 4 in MMA
   // accumulator layouts) the other one; the two trade them with one shuffle, so each group
   // costs one keep_bits() as in the forward. All 32 lanes of the warp call it together.
-  template <class Offsets>
+  // Fragment group g (row pair g / (kCols / 4), column four g % (kCols / 4)) fills bits 8g to
+  // 8g + 7 of the mask. At most kAtOnce groups are drawn at once (0: all): fewer keep fewer
+  // Philox states live where the caller holds most registers already.
+  template <int kAtOnce = 0, class Offsets>
   CUTE_DEVICE auto mask_transposed(Offsets const& offsets_rc, int key_base, int query_base, int bh) const {
     using namespace cute;
     constexpr int kRows = decltype(size<0>(offsets_rc))::value;
     constexpr int kCols = decltype(size<1>(offsets_rc))::value;
     static_assert(kRows % 2 == 0 && kCols % 4 == 0, "expected m16n8-shaped accumulator fragments");
-    using M = Mask<kRows, kCols>;
-    M m;
-    CUTE_UNROLL
-    for (int w = 0; w < int(sizeof(m.words) / 4); ++w) m.words[w] = 0;
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; r += 2) {
+    constexpr int kGroups = kRows / 2 * (kCols / 4);
+    static_assert(kGroups <= 8, "at most 64 keep bits per thread");
+    constexpr int kDrawn = kAtOnce > 0 && kAtOnce < kGroups ? kAtOnce : kGroups;
+    static_assert(kGroups % kDrawn == 0, "whole rounds of groups");
+    uint64_t bits = 0;
+#pragma unroll 1
+    for (int g0 = 0; g0 < kGroups; g0 += kDrawn) {
       CUTE_UNROLL
-      for (int c = 0; c < kCols; c += 4) {
+      for (int u = 0; u < kDrawn; ++u) {
+        const int g = g0 + u;
+        const int r = g / (kCols / 4) * 2, c = g % (kCols / 4) * 4;
         const int key = key_base + get<0>(offsets_rc(r, c));
         const int query = query_base + get<1>(offsets_rc(r, c));  // even, bit 3 clear
         const uint32_t key_odd = uint32_t(key) & 1u;
@@ -159,16 +165,22 @@ struct Dropout {
         // is this thread's key's.
         const uint32_t even = (key_odd ? theirs : mine) >> key_odd;
         const uint32_t odd = (key_odd ? mine : theirs) >> key_odd;
+        uint32_t chunk = 0;
         CUTE_UNROLL
         for (int k = 0; k < 2; ++k) {      // key j + 8k: row r + k
           CUTE_UNROLL
           for (int q = 0; q < 4; ++q) {    // query i, i + 1, i + 8, i + 9: column c + q
             const uint32_t bit = ((q & 1) ? odd : even) >> (2 * (2 * (q >> 1) + k)) & 1u;
-            m.words[M::index(r + k, c + q) / 32] |= bit << (M::index(r + k, c + q) % 32);
+            chunk |= bit << ((q >> 1) * 4 + 2 * k + (q & 1));  // Mask::index(r + k, c + q) - 8g
           }
         }
+        bits |= uint64_t(chunk) << (8 * g);
       }
     }
+    using M = Mask<kRows, kCols>;
+    M m;
+    CUTE_UNROLL
+    for (int w = 0; w < int(sizeof(m.words) / 4); ++w) m.words[w] = uint32_t(bits >> (32 * w));
     return m;
   }
 };

@@ -47,10 +47,8 @@ constexpr int kBwdSplitHeadDim = 3;
 constexpr int bwd_defer_dq_min_blocks(int head_dim) { return head_dim <= 64 ? 0 : 24; }
 // Deferred-dQ kernels compiled for fixed lengths only; variable-length calls (seq_view.h) run
 // the same kernel without the deferred dQ. At the register cap, a sequence's lengths kept in
-// registers spilled in hd 128's deferred kernel and in hd 64's with the score hook.
-constexpr bool bwd_deferred_dq_fixed_only(int head_dim, bool score_hook) {
-  return score_hook || bwd_defer_dq_min_blocks(head_dim) > 0;
-}
+// registers spilled in hd 128's deferred kernel.
+constexpr bool bwd_deferred_dq_fixed_only(int head_dim) { return bwd_defer_dq_min_blocks(head_dim) > 0; }
 
 template <class Element, int kHeadDim, class Shape = BwdTileShape<kHeadDim>,
           bool kWide = Shape::kDqSplit_ == kBwdSplitHeadDim>

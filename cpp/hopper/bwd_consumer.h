@@ -106,7 +106,7 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
   const int thread_key = get<0>(thr_sdp.partition_C(cS)(0));
   const int thread_col = get<1>(thr_sdp.partition_C(cS)(0));
   // The pair's sequence (seq_view.h); fixed lengths in a kernel compiled for them alone.
-  constexpr bool kFixedOnly = kDeferDq && bwd_deferred_dq_fixed_only(kHeadDim, kScoreHook);
+  constexpr bool kFixedOnly = kDeferDq && bwd_deferred_dq_fixed_only(kHeadDim);
   const SeqView view =
       kFixedOnly ? SeqView{0, 0, args.seqlen_q, args.seqlen_k, args.seqlen_k} : SeqView::of(args, batch);
   const MaskPolicy mask = view.mask(args);
@@ -201,13 +201,15 @@ CUTE_DEVICE void consume_bwd(BwdParams<Traits> const& params, typename Traits::S
       CUTE_UNROLL
       for (int r = 0; r < size<0>(s_rc); ++r) s_rc(r, c) = fast_exp2(fmaf(s_rc(r, c), args.scale_log2, -lse));
     }
-    // Dropout's keep bits of the block, while dPᵀ runs (its state read here, not held).
+    // Dropout's keep bits of the block, while dPᵀ runs (its state read here, not held). Four
+    // Philox groups at a time: all eight of hd 64's 128-row blocks at once spilled P's exp2s.
     const bool dropout = kScoreHook && args.dropout_threshold != 0;
     Dropout::Mask<kRows, kCols> keep;
+    constexpr int kKeepGroupsAtOnce = 4;
     if constexpr (kScoreHook) {
       if (dropout)
-        keep = Dropout::of(args).mask_transposed(offsets_rc, key0 + thread_key, m * kBlockM + thread_col,
-                                                 batch * args.nheads + head);
+        keep = Dropout::of(args).mask_transposed<kKeepGroupsAtOnce>(
+            offsets_rc, key0 + thread_key, m * kBlockM + thread_col, batch * args.nheads + head);
     }
     // rowsum(dO∘O) per column, the same way.
     const float* row_dot = storage.row_dot.data() + s * kBlockM + thread_col;

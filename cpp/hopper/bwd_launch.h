@@ -44,17 +44,15 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
   auto kernel = &bwd_kernel<Traits>;
   if constexpr (kCanDeferDq) {
     // Variable-length calls only where it is not compiled for fixed lengths alone (bwd_config.h).
-    if (blocks_per_cta >= kDeferDqMinBlocks && (fixed || !bwd_deferred_dq_fixed_only(kHeadDim, false)))
+    if (blocks_per_cta >= kDeferDqMinBlocks && (fixed || !bwd_deferred_dq_fixed_only(kHeadDim)))
       kernel = &bwd_kernel<Traits, true>;
   }
-  // The score hook (softcap, ALiBi) and dropout: one variant per head dim (deferred dQ where the
-  // head dim always defers), and one without the deferred dQ for variable lengths where the
-  // deferred one is fixed-length only.
+  // The score hook (softcap, ALiBi) and dropout: one variant per head dim, for fixed and
+  // variable lengths, with the deferred dQ where the head dim always defers.
   constexpr bool kHookDefersDq = kCanDeferDq && kDeferDqMinBlocks == 0;
+  static_assert(!kHookDefersDq || !bwd_deferred_dq_fixed_only(kHeadDim), "the hooked kernel takes varlen calls");
   auto hooked_kernel = &bwd_kernel<Traits, kHookDefersDq, true>;
-  constexpr bool kHookVarlenOwnKernel = kHookDefersDq && bwd_deferred_dq_fixed_only(kHeadDim, true);
-  auto hooked_varlen_kernel = &bwd_kernel<Traits, kHookDefersDq && !kHookVarlenOwnKernel, true>;
-  if (ScoreHook::of(p).active() || p.dropout_threshold != 0) kernel = fixed ? hooked_kernel : hooked_varlen_kernel;
+  if (ScoreHook::of(p).active() || p.dropout_threshold != 0) kernel = hooked_kernel;
   constexpr int kSmem = Traits::kSmemBytes;
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return cuda_status(err, "cudaGetDevice");
@@ -95,8 +93,6 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
     }
     if (err == cudaSuccess)
       err = cudaFuncSetAttribute(hooked_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (kHookVarlenOwnKernel && err == cudaSuccess)
-      err = cudaFuncSetAttribute(hooked_varlen_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (err != cudaSuccess) return cuda_status(err, "cudaFuncSetAttribute (no sm90a kernel image for this GPU?)");
     if (device < kCachedDevices) prepared[device].store(true, std::memory_order_release);
   }
