@@ -97,34 +97,44 @@ struct Dropout {
   };
 
   // The keep bits of a fragment with queries as rows whose columns come in pairs (j, j + 1),
-  // j even, at any multiple of 8 apart from the thread's own offset (a consumer's keys that
-  // start 8 past a multiple of 16: the hd 256 backward's second consumer, at key 40): one
-  // keep_bits() per row pair and column pair, half of its bits used. A rolled loop, so the code
-  // holds one Philox body (unrolled, the hd 256 backward spilled).
+  // j even, the pairs 8 keys apart (m64nN accumulators), from any multiple of 8 past the
+  // thread's own offset (a consumer's keys that start 8 past a multiple of 16: the hd 256
+  // backward's second consumer, at key 40). One keep_bits() per row pair covers the column
+  // pairs at keys j and j + 8 where j bit 3 is clear, or a pair alone at either end: 3 calls
+  // for 5 column pairs. A rolled loop, so the code holds one Philox body (unrolled, the hd 256
+  // backward spilled).
   template <class Offsets>
-  CUTE_DEVICE auto mask_by_pairs(Offsets const& offsets_rc, int row_base, int col_base, int bh) const {
+  CUTE_DEVICE auto mask_by_key_groups(Offsets const& offsets_rc, int row_base, int col_base, int bh) const {
     using namespace cute;
     constexpr int kRows = decltype(size<0>(offsets_rc))::value;
     constexpr int kCols = decltype(size<1>(offsets_rc))::value;
     static_assert(kRows % 2 == 0 && kCols % 2 == 0, "expected m16n8-shaped accumulator fragments");
     using M = Mask<kRows, kCols>;
-    constexpr int kColPairs = kCols / 2, kPairs = M::kPairs;
+    constexpr int kColPairs = kCols / 2;
+    static_assert(M::kPairs * 4 <= 64, "at most 64 keep bits per thread");
+    auto key_of = [&](int q) { return col_base + get<1>(offsets_rc(0, 2 * q)); };
+    // Calls per row pair: the first pair alone where its key bit 3 is set, then pairs of pairs.
+    const int odd = key_of(0) >> 3 & 1;
+    const int calls = (kColPairs + odd + 1) / 2;
+    uint64_t bits = 0;
+#pragma unroll 1
+    for (int t = 0; t < kRows / 2 * calls; ++t) {
+      const int row_pair = t / calls, call = t % calls;
+      const int q = call == 0 ? 0 : 2 * call - odd;  // the call's first column pair
+      const int r = 2 * row_pair;
+      const int key = key_of(q);
+      const uint32_t group = keep_bits(row_base + get<0>(offsets_rc(r, 2 * q)), key, bh);
+      // Pair of key bit 3 = h: group bits 4·(row bit 3) + 2h + (key bit 0), packed to bit
+      // 2·(row bit 3) + key bit 0 (Mask's order).
+      auto nibble = [&](int h) { return uint64_t((group >> 2 * h & 3u) | (group >> (2 * h + 2) & 0xCu)); };
+      const int h = key >> 3 & 1;
+      const int pair = row_pair * kColPairs + q;
+      bits |= nibble(h) << (4 * pair);
+      if (h == 0 && q + 1 < kColPairs) bits |= nibble(1) << (4 * (pair + 1));
+    }
     M m;
     CUTE_UNROLL
-    for (int w = 0; w < int(sizeof(m.words) / 4); ++w) {
-      uint32_t word = 0;
-      const int end = 8 * w + 8 < kPairs ? 8 * w + 8 : kPairs;
-#pragma unroll 1
-      for (int pair = 8 * w; pair < end; ++pair) {
-        const int r = pair / kColPairs * 2, c = pair % kColPairs * 2;
-        const int key = col_base + get<1>(offsets_rc(r, c));
-        // The half of the group's bits of this key's bit 3: bit 4·(row bit 3) + key bit 0, here
-        // packed to bit 2·(row bit 3) + key bit 0 (Mask's order).
-        const uint32_t bits = keep_bits(row_base + get<0>(offsets_rc(r, c)), key, bh) >> (2 * (key >> 3 & 1));
-        word |= ((bits & 3u) | (bits >> 2 & 0xCu)) << (4 * (pair - 8 * w));
-      }
-      m.words[w] = word;
-    }
+    for (int w = 0; w < int(sizeof(m.words) / 4); ++w) m.words[w] = uint32_t(bits >> (32 * w));
     return m;
   }
 
