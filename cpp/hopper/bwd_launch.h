@@ -50,7 +50,8 @@ Status run_bwd(const BwdKernelParams& p, cudaStream_t stream) {
   // The score hook (softcap, ALiBi) and dropout: one variant per head dim, for fixed and
   // variable lengths, with the deferred dQ where the head dim always defers.
   constexpr bool kHookDefersDq = kCanDeferDq && kDeferDqMinBlocks == 0;
-  static_assert(!kHookDefersDq || !bwd_deferred_dq_fixed_only(kHeadDim), "the hooked kernel takes varlen calls");
+  static_assert(!kHookDefersDq || !bwd_deferred_dq_fixed_only(kHeadDim),
+                "the hooked kernel takes variable-length calls");
   auto hooked_kernel = &bwd_kernel<Traits, kHookDefersDq, true>;
   if (ScoreHook::of(p).active() || p.dropout_threshold != 0) kernel = hooked_kernel;
   constexpr int kSmem = Traits::kSmemBytes;

@@ -177,7 +177,7 @@ CUTE_DEVICE void consume_bwd_wide(BwdParams<Traits> const& params, typename Trai
     if constexpr (kScoreHook) {
       if (dropout) {
         keep = Dropout::of(args).mask_by_key_groups(offsets_rc, m * kBlockM + thread_row, key0 + thread_key,
-                                               batch * args.nheads + head);
+                                                    batch * args.nheads + head);
         Tensor p_rc = rowcol_view(p_regs);
         CUTE_UNROLL
         for (int r = 0; r < kScoreRows; ++r) {
