@@ -94,6 +94,14 @@ struct Dropout {
     uint32_t words[(kPairs + 7) / 8];
     CUTE_DEVICE static constexpr int index(int r, int c) { return (r / 2 * (kCols / 2) + c / 2) * 4 + r % 2 * 2 + c % 2; }
     CUTE_DEVICE bool kept(int r, int c) const { return words[index(r, c) / 32] >> (index(r, c) % 32) & 1u; }
+    // From all of a thread's bits in one word.
+    CUTE_DEVICE static Mask of_bits(uint64_t bits) {
+      static_assert(kPairs * 4 <= 64, "at most 64 keep bits per thread");
+      Mask m;
+      CUTE_UNROLL
+      for (int w = 0; w < int(sizeof(m.words) / 4); ++w) m.words[w] = uint32_t(bits >> (32 * w));
+      return m;
+    }
   };
 
   // The keep bits of a fragment with queries as rows whose columns come in pairs (j, j + 1),
@@ -111,7 +119,6 @@ struct Dropout {
     static_assert(kRows % 2 == 0 && kCols % 2 == 0, "expected m16n8-shaped accumulator fragments");
     using M = Mask<kRows, kCols>;
     constexpr int kColPairs = kCols / 2;
-    static_assert(M::kPairs * 4 <= 64, "at most 64 keep bits per thread");
     auto key_of = [&](int q) { return col_base + get<1>(offsets_rc(0, 2 * q)); };
     // Calls per row pair: the first pair alone where its key bit 3 is set, then pairs of pairs.
     const int odd = key_of(0) >> 3 & 1;
@@ -132,10 +139,7 @@ struct Dropout {
       bits |= nibble(h) << (4 * pair);
       if (h == 0 && q + 1 < kColPairs) bits |= nibble(1) << (4 * (pair + 1));
     }
-    M m;
-    CUTE_UNROLL
-    for (int w = 0; w < int(sizeof(m.words) / 4); ++w) m.words[w] = uint32_t(bits >> (32 * w));
-    return m;
+    return M::of_bits(bits);
   }
 
   // The keep bits of a transposed fragment (keys as rows, queries as columns: Sᵀ in a
@@ -187,11 +191,7 @@ struct Dropout {
         bits |= uint64_t(chunk) << (8 * g);
       }
     }
-    using M = Mask<kRows, kCols>;
-    M m;
-    CUTE_UNROLL
-    for (int w = 0; w < int(sizeof(m.words) / 4); ++w) m.words[w] = uint32_t(bits >> (32 * w));
-    return m;
+    return Mask<kRows, kCols>::of_bits(bits);
   }
 };
 
