@@ -755,7 +755,9 @@ Status plan_kvcache(const AttentionForwardParams& p, const KVCacheParams& c, Bac
   }
   // The Hopper path (prefill-sized calls): one pass over the keys, no split and no workspace.
   if (choice.backend == Backend::kHopper) {
-    k.workspace = nullptr, k.workspace_bytes = 0;
+    // No tile claims either: the workspace, where there is one, holds the page copy, and a
+    // claims counter at its start would overwrite the copy's first keys.
+    k.workspace = nullptr, k.workspace_bytes = 0, k.tile_claims = nullptr;
     k.num_splits = 1;
     run->kernel = k;  // run->split stays empty
     if (choice.copies_pages) run->gather = gather;
