@@ -286,20 +286,30 @@ struct Tile {
   static constexpr int kSlotBytes = 16 * kSlotVecs;
   static_assert(kThreads / kLanes == kFp8Block, "one row per group of lanes");
 
-  int lane, row;
-
-  __device__ Tile() : lane(int(threadIdx.x) % kLanes), row(int(threadIdx.x) / kLanes) {}
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  // sm_80 code reads them from threadIdx where used: held, they cost a spilled register at hd 256
+  // under the 64-register cap.
+  __device__ Tile() {}
+  __device__ __forceinline__ int lane() const { return int(threadIdx.x) % kLanes; }
+  __device__ __forceinline__ int row() const { return int(threadIdx.x) / kLanes; }
+#else
+  // Held (sm_90: read where used, hd 256 ran up to 3 % slower).
+  int lane_, row_;
+  __device__ Tile() : lane_(int(threadIdx.x) % kLanes), row_(int(threadIdx.x) / kLanes) {}
+  __device__ __forceinline__ int lane() const { return lane_; }
+  __device__ __forceinline__ int row() const { return row_; }
+#endif
 
   // The first column of vector i of `lane` (the thread's value l is column(l / kPerVec) + l % kPerVec).
   static __host__ __device__ constexpr int column_of(int lane, int i) { return (i * kLanes + lane) * kPerVec; }
-  __device__ __forceinline__ int column(int i) const { return column_of(lane, i); }
+  __device__ __forceinline__ int column(int i) const { return column_of(lane(), i); }
 
   __device__ __forceinline__ const T* thread_ptr(const QuantizeFp8Args& a, const Item& it) const {
-    return static_cast<const T*>(a.x) + it.b * a.x_batch_stride + int64_t(it.row0 + row) * a.x_row_stride +
+    return static_cast<const T*>(a.x) + it.b * a.x_batch_stride + int64_t(it.row0 + row()) * a.x_row_stride +
            it.h * a.x_head_stride + column(0);
   }
   __device__ __forceinline__ bool in_x(const QuantizeFp8Args& a, const Item& it, int i) const {
-    return it.row0 + row < a.seqlen && (kHadamard || column(i) < a.headdim);
+    return it.row0 + row() < a.seqlen && (kHadamard || column(i) < a.headdim);
   }
 
   // The thread's vectors of a tile, zeros outside x. kStream: read once more at most (L2
@@ -348,7 +358,7 @@ struct Tile {
     if constexpr (kHadamard) {
       if constexpr (sizeof(T) == 4) {
         // Read per tile (volatile): masks derived once would hold 32 registers for the kernel.
-        const uint32_t bits = *static_cast<const volatile uint32_t*>(&signs.lane_bits[lane]);
+        const uint32_t bits = *static_cast<const volatile uint32_t*>(&signs.lane_bits[lane()]);
 #pragma unroll
         for (int l = 0; l < 32; ++l) v[l] = __uint_as_float(__float_as_uint(v[l]) ^ ((bits << (31 - l)) & 0x80000000u));
       }
@@ -362,7 +372,7 @@ struct Tile {
           }
 #pragma unroll
       for (int m = 1; m < kLanes; m *= 2) {
-        const float s = (lane & m) ? -1.f : 1.f;  // the upper partner keeps other - own
+        const float s = (lane() & m) ? -1.f : 1.f;  // the upper partner keeps other - own
 #pragma unroll
         for (int l = 0; l < 32; ++l) v[l] = fmaf(s, v[l], __shfl_xor_sync(0xffffffffu, v[l], m));
       }
@@ -377,9 +387,9 @@ struct Tile {
   __device__ __forceinline__ void store(const uint4 (&raw)[kVecs], const float (&v)[32], const QuantizeFp8Args& a,
                                         const Item& it, const Divisor& d) const {
     constexpr int kWords = kPerVec / 4;  // 32-bit words of e4m3 bytes per vector
-    const int r = it.row0 + row;
+    const int r = it.row0 + row();
     uint8_t* dst = a.out + ((int64_t(it.b) * a.seqlen + r) * a.nheads + it.h) * a.headdim;
-    const bool odd = lane & 1;
+    const bool odd = lane() & 1;
 #pragma unroll
     for (int j = 0; j < kVecs; j += 2) {
       uint32_t w[2][kWords];  // vectors j and j + 1
