@@ -2,11 +2,13 @@
 // per block of kFp8Block rows, optionally after a random-sign Hadamard transform over the head
 // dim (quantize_fp8.cu checks the arguments, picks a walk and launches).
 //
-// A tile is kFp8Block rows of one head. Its 4·kD threads (kD: the head dim rounded up to 32,
-// 64, 128 or 256) are kD / 32 lanes per row with 32 columns each: vector i (16 bytes) of lane l
-// holds columns (i·lanes + l)·per_vec.., so a row's lanes read neighbouring vectors (whole
-// sectors per warp instruction); the Hadamard butterflies run within a thread over the column
-// bits it holds and across the row's lanes (shuffles) over the others.
+// A tile is kFp8Block rows of one head, 32 values per thread of its 4·kD threads (kD: the head
+// dim rounded up to 32, 64, 128 or 256). With the Hadamard transform a row is kD / 32 lanes with
+// 32 columns each: vector i (16 bytes) of lane l holds columns (i·lanes + l)·per_vec.., so a
+// row's lanes read neighbouring vectors (whole sectors per warp instruction), and the
+// butterflies run within a thread over the column bits it holds and across the row's lanes
+// (shuffles) over the others. Without it, a warp's vector i is 512 bytes of whole rows of the
+// tile (Tile::kLanes).
 //
 // Grids are persistent and keep loads in flight: tiles are copied (cp.async) into a ring of
 // shared-memory slots ahead of their use, and a thread only ever reads back the vectors it
@@ -32,6 +34,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "kernel_params.h"  // kFp8Block: rows per tile, and per scale with block scales
@@ -162,6 +165,7 @@ __device__ __forceinline__ uint4 operator^(const uint4& a, const uint4& b) {
 // number (exact scaling wherever the quotient can round to a nonzero e4m3 value).
 struct Divisor {
   float descale, inv, pre_a, pre_b;
+  float below, above;  // inv·(1 ∓ 2^-20): z·below and z·above bracket z / descale (Tile::encode)
 };
 
 // 1 / d within an ulp for normal d and 1 / d (the hardware approximation and a Newton step; no
@@ -279,12 +283,18 @@ struct Signs {
 template <class T, int kD, bool kHadamard>
 struct Tile {
   static constexpr int kThreads = 4 * kD;
-  static constexpr int kLanes = kD / 32;  // threads per row
   static constexpr int kPerVec = Input<T>::kPerVec;
   static constexpr int kVecs = 32 / kPerVec;  // 16-byte vectors per thread
   static constexpr int kSlotVecs = kVecs * kThreads;  // 16-byte vectors of a ring slot
   static constexpr int kSlotBytes = 16 * kSlotVecs;
-  static_assert(kThreads / kLanes == kFp8Block, "one row per group of lanes");
+  // With kHadamard a thread holds 32 columns of one row (kD / 32 lanes per row: the butterflies
+  // stay within the row's lanes). Without it values are independent, and vector i of thread t
+  // is the tile's 16-byte chunk i·kThreads + t in row order: a warp's vector reads whole
+  // 128-byte lines of x (a quarter of the L2 requests of 32-column rows at head dim 64).
+  static constexpr int kLanes = kHadamard ? kD / 32 : kD / kPerVec;  // threads per row in a vector
+  static constexpr int kRowStep = kHadamard ? 0 : kThreads / kLanes;  // rows from vector i to i + 1
+  static_assert(kThreads / kLanes * (kHadamard ? 1 : kVecs) == kFp8Block, "a tile is kFp8Block rows");
+  static_assert(kLanes == 1 || kLanes % 2 == 0, "store() pairs neighbouring lanes of a row");
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   // sm_80 code reads them from threadIdx where used: held, they cost a spilled register at hd 256
@@ -300,8 +310,11 @@ struct Tile {
   __device__ __forceinline__ int row() const { return row_; }
 #endif
 
-  // The first column of vector i of `lane` (the thread's value l is column(l / kPerVec) + l % kPerVec).
-  static __host__ __device__ constexpr int column_of(int lane, int i) { return (i * kLanes + lane) * kPerVec; }
+  // The first column of vector i of `lane` (the thread's value l is column(l / kPerVec) + l % kPerVec),
+  // in row row() + i·kRowStep of the tile.
+  static __host__ __device__ constexpr int column_of(int lane, int i) {
+    return (kHadamard ? i * kLanes + lane : lane) * kPerVec;
+  }
   __device__ __forceinline__ int column(int i) const { return column_of(lane(), i); }
 
   __device__ __forceinline__ const T* thread_ptr(const QuantizeFp8Args& a, const Item& it) const {
@@ -309,7 +322,16 @@ struct Tile {
            it.h * a.x_head_stride + column(0);
   }
   __device__ __forceinline__ bool in_x(const QuantizeFp8Args& a, const Item& it, int i) const {
-    return it.row0 + row() < a.seqlen && (kHadamard || column(i) < a.headdim);
+    return it.row0 + row() + i * kRowStep < a.seqlen && (kHadamard || column(i) < a.headdim);
+  }
+
+  // The thread's vector i, from src, the address of its vector 0 (thread_ptr).
+  __device__ __forceinline__ const T* vector_ptr(const T* src, const QuantizeFp8Args& a, int i) const {
+    if constexpr (kHadamard) {
+      return src + column(i) - column(0);
+    } else {
+      return src + int64_t(i * kRowStep) * a.x_row_stride;
+    }
   }
 
   // The thread's vectors of a tile, zeros outside x. kStream: read once more at most (L2
@@ -319,7 +341,7 @@ struct Tile {
     const T* src = thread_ptr(a, it);
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
-      const uint4* p = reinterpret_cast<const uint4*>(src + column(i) - column(0));
+      const uint4* p = reinterpret_cast<const uint4*>(vector_ptr(src, a, i));
       raw[i] = make_uint4(0, 0, 0, 0);
       if (in_x(a, it, i)) raw[i] = kStream ? __ldcs(p) : __ldg(p);
     }
@@ -333,7 +355,7 @@ struct Tile {
     for (int i = 0; i < kVecs; ++i) {
       const bool inside = in_x(a, it, i);
       const uint32_t dst = uint32_t(__cvta_generic_to_shared(&slot[i * kThreads + threadIdx.x]));
-      const void* from = inside ? static_cast<const void*>(src + column(i) - column(0)) : a.x;
+      const void* from = inside ? static_cast<const void*>(vector_ptr(src, a, i)) : a.x;
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(from), "r"(inside ? 16 : 0)
                    : "memory");
     }
@@ -379,36 +401,73 @@ struct Tile {
     }
   }
 
-  // Quantizes and stores the thread's values (v with kHadamard, else raw converted again).
-  // Pairs of lanes swap half their bytes first, so that each stores two vectors' bytes that are
-  // neighbours in the row (16-byte stores for 16-bit inputs): lane 2p the even vectors' pairs
-  // (its own, then 2p + 1's), lane 2p + 1 the odd ones.
+  // Vectors j and j + 1 of the thread as e4m3 bytes, 4 to a word, from v with kHadamard, else
+  // from raw converted again. Without the transform each byte is the e4m3 rounding of
+  // z / descale: z·below and z·above bracket that quotient, and where their bytes agree they are
+  // its rounding (two products and a conversion per value); where any of the 16 values' bytes
+  // disagree, a quotient within 2^-20 of an e4m3 midpoint (a few in 10^5 values), the thread
+  // rounds them with quotient_odd.
+  template <bool kPrescale>
+  __device__ __forceinline__ void encode(uint32_t (&w)[2][kPerVec / 4], int j, const uint4 (&raw)[kVecs],
+                                         const float (&v)[32], const Divisor& d) const {
+    constexpr bool kBracket = !kHadamard && !kPrescale;
+    auto pack = [](const float* u, float scale) {
+      return e4m3x2(u[0] * scale, u[1] * scale) | (e4m3x2(u[2] * scale, u[3] * scale) << 16);
+    };
+    auto pack_quotients = [](const float* q) { return e4m3x2(q[0], q[1]) | (e4m3x2(q[2], q[3]) << 16); };
+    auto values_of = [&](int p, float (&u)[kPerVec]) {
+      if constexpr (kHadamard) {
+#pragma unroll
+        for (int e = 0; e < kPerVec; ++e) u[e] = v[(j + p) * kPerVec + e];
+      } else {
+        Input<T>::to_float(raw[j + p], u);
+      }
+    };
+    auto exact = [&] {
+#pragma unroll
+      for (int p = 0; p < 2; ++p) {
+        float u[kPerVec];
+        values_of(p, u);
+#pragma unroll
+        for (int k = 0; k < kPerVec / 4; ++k) {
+          float q[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) q[e] = scaled<kPrescale, !kHadamard>(u[4 * k + e], d);
+          w[p][k] = pack_quotients(q);
+        }
+      }
+    };
+    if constexpr (kBracket) {
+      uint32_t differ = 0;
+#pragma unroll
+      for (int p = 0; p < 2; ++p) {
+        float u[kPerVec];
+        values_of(p, u);
+#pragma unroll
+        for (int k = 0; k < kPerVec / 4; ++k) {
+          w[p][k] = pack(&u[4 * k], d.below);
+          differ |= w[p][k] ^ pack(&u[4 * k], d.above);
+        }
+      }
+      if (differ != 0) exact();
+    } else {
+      exact();
+    }
+  }
+
+  // Quantizes and stores the thread's values. Pairs of lanes swap half their bytes first, so
+  // that each stores two vectors' bytes that are neighbours in the row (16-byte stores for
+  // 16-bit inputs): lane 2p the even vectors' pairs (its own, then 2p + 1's), lane 2p + 1 the
+  // odd ones (in their own rows without kHadamard).
   template <bool kPrescale>
   __device__ __forceinline__ void store(const uint4 (&raw)[kVecs], const float (&v)[32], const QuantizeFp8Args& a,
                                         const Item& it, const Divisor& d) const {
     constexpr int kWords = kPerVec / 4;  // 32-bit words of e4m3 bytes per vector
-    const int r = it.row0 + row();
-    uint8_t* dst = a.out + ((int64_t(it.b) * a.seqlen + r) * a.nheads + it.h) * a.headdim;
     const bool odd = lane() & 1;
 #pragma unroll
     for (int j = 0; j < kVecs; j += 2) {
       uint32_t w[2][kWords];  // vectors j and j + 1
-#pragma unroll
-      for (int p = 0; p < 2; ++p) {
-        float u[kPerVec];
-        if constexpr (kHadamard) {
-#pragma unroll
-          for (int e = 0; e < kPerVec; ++e) u[e] = v[(j + p) * kPerVec + e];
-        } else {
-          Input<T>::to_float(raw[j + p], u);
-        }
-#pragma unroll
-        for (int k = 0; k < kWords; ++k)
-          w[p][k] = e4m3x2(scaled<kPrescale, !kHadamard>(u[4 * k], d), scaled<kPrescale, !kHadamard>(u[4 * k + 1], d)) |
-                    (e4m3x2(scaled<kPrescale, !kHadamard>(u[4 * k + 2], d),
-                            scaled<kPrescale, !kHadamard>(u[4 * k + 3], d))
-                     << 16);
-      }
+      encode<kPrescale>(w, j, raw, v, d);
       uint32_t lo[kWords], hi[kWords];
       int col = column(j);
 #pragma unroll
@@ -422,7 +481,9 @@ struct Tile {
         }
       }
       if (kLanes > 1 && odd) col = column(j + 1) - kPerVec;
+      const int r = it.row0 + row() + (kLanes > 1 && odd ? j + 1 : j) * kRowStep;
       if (r >= a.seqlen) continue;
+      uint8_t* dst = a.out + ((int64_t(it.b) * a.seqlen + r) * a.nheads + it.h) * a.headdim;
       if constexpr (kPerVec == 8) {
         if (kHadamard || ((a.headdim & 15) == 0 && col + 16 <= a.headdim)) {
           __stcs(reinterpret_cast<uint4*>(dst + col), make_uint4(lo[0], lo[1], hi[0], hi[1]));
@@ -470,6 +531,23 @@ __device__ __forceinline__ float local_amax(const Tile<T, kD, kHadamard>& tile,
     tile.values(raw, v, signs);
 #pragma unroll
     for (int l = 0; l < 32; ++l) m = fmaxf(m, fabsf(v[l]));
+  } else if constexpr (sizeof(T) == 2) {
+    // On packed pairs (the maximum of 16-bit values is one of them, exact): one instruction a
+    // pair. NaNs are skipped, as by fmaxf.
+    using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+    T2 m2;
+    std::memset(&m2, 0, sizeof(m2));
+#pragma unroll
+    for (int i = 0; i < Tile<T, kD, kHadamard>::kVecs; ++i) {
+      const uint32_t w[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        T2 pair;
+        std::memcpy(&pair, &w[k], sizeof(pair));
+        m2 = __hmax2(m2, __habs2(pair));
+      }
+    }
+    m = fmaxf(float(m2.x), float(m2.y));
   } else {
 #pragma unroll
     for (int i = 0; i < Tile<T, kD, kHadamard>::kVecs; ++i) {
@@ -490,6 +568,9 @@ __device__ __forceinline__ void quantize_store(const Tl& tile, const Raw& raw, c
   d.pre_a = d.pre_b = 1.f;
   if (d.descale >= 0x1p-90f && d.descale <= 0x1p90f) {
     d.inv = reciprocal(d.descale);
+    // inv is within an ulp of 1 / descale and each product rounds by half an ulp: 2^-20 keeps
+    // z·below and z·above on either side of z / descale.
+    d.below = d.inv * (1.f - 0x1p-20f), d.above = d.inv * (1.f + 0x1p-20f);
     tile.template store<false>(raw, v, a, it, d);
     return;
   }
@@ -533,7 +614,7 @@ __global__ void __launch_bounds__(4 * kD, kWalk == Fp8Walk::kBlock || kD == 256 
   extern __shared__ uint4 s_ring[];
   __shared__ uint4 s_masks[kHadamard && sizeof(T) == 2 ? kD / Tl::kPerVec : 1];
   __shared__ uint32_t s_bits[kD / 32];
-  __shared__ uint32_t s_lane_bits[Tl::kLanes];
+  __shared__ uint32_t s_lane_bits[kHadamard ? Tl::kLanes : 1];
   __shared__ uint32_t s_warp[2][kWarps];
   const Tl tile;
   const Signs signs{s_masks, s_lane_bits};
