@@ -234,16 +234,38 @@ __device__ __forceinline__ void head_count(const QuantizeFp8Args& a, int group, 
 }
 
 // Every thread: waits until the head's whole team has arrived; returns the head's maximum.
-__device__ __forceinline__ float head_wait(const QuantizeFp8Args& a, int group) {
-  for (;;) {
-    uint32_t seen;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(a.arrived + group) : "memory");
-    if (seen >= uint32_t(a.chunks)) break;
-    __nanosleep(64);
+// kShared: thread 0 alone polls, with relaxed loads, then takes the count once with acquire and
+// passes the maximum on through s_head[parity] (calls alternate parities) at a CTA barrier.
+// That measured 7-19 % faster with the Hadamard transform at head dims 64 and 128, and 3-10 %
+// slower at 256 (benchmarks/results/h200-quantize-fp8-head-wait.txt).
+template <bool kShared>
+__device__ __forceinline__ float head_wait(const QuantizeFp8Args& a, int group, float (&s_head)[2], int parity) {
+  if constexpr (kShared) {
+    if (threadIdx.x == 0) {
+      for (;;) {
+        uint32_t seen;
+        asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(a.arrived + group) : "memory");
+        if (seen >= uint32_t(a.chunks)) break;
+        __nanosleep(64);
+      }
+      uint32_t seen, bits;
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(a.arrived + group) : "memory");
+      asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(bits) : "l"(a.amax + group) : "memory");
+      s_head[parity] = __uint_as_float(bits);
+    }
+    __syncthreads();
+    return s_head[parity];
+  } else {
+    for (;;) {
+      uint32_t seen;
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(a.arrived + group) : "memory");
+      if (seen >= uint32_t(a.chunks)) break;
+      __nanosleep(64);
+    }
+    uint32_t bits;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(bits) : "l"(a.amax + group) : "memory");
+    return __uint_as_float(bits);
   }
-  uint32_t bits;
-  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(bits) : "l"(a.amax + group) : "memory");
-  return __uint_as_float(bits);
 }
 
 // A grid-wide barrier in two halves (cooperative groups'), so that work can go between them;
@@ -616,6 +638,8 @@ __global__ void __launch_bounds__(4 * kD, kWalk == Fp8Walk::kBlock || kD == 256 
   __shared__ uint32_t s_bits[kD / 32];
   __shared__ uint32_t s_lane_bits[kHadamard ? Tl::kLanes : 1];
   __shared__ uint32_t s_warp[2][kWarps];
+  constexpr bool kSharedWait = kHadamard && kD <= 128;  // head_wait
+  __shared__ float s_head[2];
   const Tl tile;
   const Signs signs{s_masks, s_lane_bits};
   const int slots = a.slots;
@@ -728,7 +752,7 @@ __global__ void __launch_bounds__(4 * kD, kWalk == Fp8Walk::kBlock || kD == 256 
       if (const int q = k - len; q >= 0) {
         if (q % len == 0) {
           const int g = team.group(q / len, a);
-          amax = head_wait(a, g);
+          amax = head_wait<kSharedWait>(a, g, s_head, (q / len) & 1);
           if (team.chunk == 0 && threadIdx.x == 0) a.descale[g] = descale_of<kHadamard, kD>(amax);
         }
         tile.take(raw, slot(q % slots));
@@ -756,7 +780,7 @@ __global__ void __launch_bounds__(4 * kD, kWalk == Fp8Walk::kBlock || kD == 256 
     setup();
     auto head_amax = [&](int s) {
       const int g = team.group(s, a);
-      const float amax = head_wait(a, g);
+      const float amax = head_wait<kSharedWait>(a, g, s_head, s & 1);
       if (team.chunk == 0 && threadIdx.x == 0) a.descale[g] = descale_of<kHadamard, kD>(amax);
       return amax;
     };
