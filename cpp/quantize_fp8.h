@@ -427,8 +427,9 @@ struct Tile {
   // from raw converted again. Without the transform each byte is the e4m3 rounding of
   // z / descale: z·below and z·above bracket that quotient, and where their bytes agree they are
   // its rounding (two products and a conversion per value); where any of the 16 values' bytes
-  // disagree, a quotient within 2^-20 of an e4m3 midpoint (a few in 10^5 values), the thread
-  // rounds them with quotient_odd.
+  // disagree, a quotient within 2^-20 of an e4m3 midpoint, the thread rounds them with
+  // quotient_odd. Those are data-dependent: 448·x / amax is often a midpoint exactly (amax 4.5,
+  // x 1.6875: 168), moved by under 2^-24 by the descale's rounding (tests/test_quantize_fp8_bracket.py).
   template <bool kPrescale>
   __device__ __forceinline__ void encode(uint32_t (&w)[2][kPerVec / 4], int j, const uint4 (&raw)[kVecs],
                                          const float (&v)[32], const Divisor& d) const {
