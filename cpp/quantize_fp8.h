@@ -433,7 +433,11 @@ struct Tile {
   template <bool kPrescale>
   __device__ __forceinline__ void encode(uint32_t (&w)[2][kPerVec / 4], int j, const uint4 (&raw)[kVecs],
                                          const float (&v)[32], const Divisor& d) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+    constexpr bool kBracket = false;  // e4m3 conversions in software: two cost more than the exact quotient
+#else
     constexpr bool kBracket = !kHadamard && !kPrescale;
+#endif
     auto pack = [](const float* u, float scale) {
       return e4m3x2(u[0] * scale, u[1] * scale) | (e4m3x2(u[2] * scale, u[3] * scale) << 16);
     };
