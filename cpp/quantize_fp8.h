@@ -235,9 +235,8 @@ __device__ __forceinline__ void head_count(const QuantizeFp8Args& a, int group, 
 
 // Every thread: waits until the head's whole team has arrived; returns the head's maximum.
 // kShared: thread 0 alone polls, with relaxed loads, then takes the count once with acquire and
-// passes the maximum on through s_head[parity] (calls alternate parities) at a CTA barrier.
-// That measured 7-19 % faster with the Hadamard transform at head dims 64 and 128, and 3-10 %
-// slower at 256 (benchmarks/results/h200-quantize-fp8-head-wait.txt).
+// passes the maximum on through s_head[parity] (calls alternate parities) at a CTA barrier;
+// used where that measured faster (benchmarks/results/h200-quantize-fp8-head-wait.txt).
 template <bool kShared>
 __device__ __forceinline__ float head_wait(const QuantizeFp8Args& a, int group, float (&s_head)[2], int parity) {
   if constexpr (kShared) {
@@ -316,7 +315,7 @@ struct Tile {
   static constexpr int kLanes = kHadamard ? kD / 32 : kD / kPerVec;  // threads per row in a vector
   static constexpr int kRowStep = kHadamard ? 0 : kThreads / kLanes;  // rows from vector i to i + 1
   static_assert(kThreads / kLanes * (kHadamard ? 1 : kVecs) == kFp8Block, "a tile is kFp8Block rows");
-  static_assert(kLanes == 1 || kLanes % 2 == 0, "store() pairs neighbouring lanes of a row");
+  static_assert(kLanes % 2 == 0, "store() pairs neighbouring lanes of a row");
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   // sm_80 code reads them from threadIdx where used: held, they cost a spilled register at hd 256
@@ -499,16 +498,12 @@ struct Tile {
       int col = column(j);
 #pragma unroll
       for (int k = 0; k < kWords; ++k) {
-        if constexpr (kLanes == 1) {  // the thread's vectors are neighbours already
-          lo[k] = w[0][k], hi[k] = w[1][k];
-        } else {
-          const uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? w[0][k] : w[1][k], 1);
-          lo[k] = odd ? got : w[0][k];
-          hi[k] = odd ? w[1][k] : got;
-        }
+        const uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? w[0][k] : w[1][k], 1);
+        lo[k] = odd ? got : w[0][k];
+        hi[k] = odd ? w[1][k] : got;
       }
-      if (kLanes > 1 && odd) col = column(j + 1) - kPerVec;
-      const int r = it.row0 + row() + (kLanes > 1 && odd ? j + 1 : j) * kRowStep;
+      if (odd) col = column(j + 1) - kPerVec;
+      const int r = it.row0 + row() + (odd ? j + 1 : j) * kRowStep;
       if (r >= a.seqlen) continue;
       uint8_t* dst = a.out + ((int64_t(it.b) * a.seqlen + r) * a.nheads + it.h) * a.headdim;
       if constexpr (kPerVec == 8) {
