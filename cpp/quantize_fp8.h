@@ -166,6 +166,10 @@ __device__ __forceinline__ uint4 operator^(const uint4& a, const uint4& b) {
 struct Divisor {
   float descale, inv, pre_a, pre_b;
   float below, above;  // inv·(1 ∓ 2^-20): z·below and z·above bracket z / descale (Tile::encode)
+  // 16-bit x (Tile::encode): where the float descale lies against amax / 448 (-1 above it, 1
+  // below, 0 on it), and the bracket factor whose product then rounds right (below, above).
+  int side;
+  float toward;
 };
 
 // 1 / d within an ulp for normal d and 1 / d (the hardware approximation and a Newton step; no
@@ -424,18 +428,21 @@ struct Tile {
 
   // Vectors j and j + 1 of the thread as e4m3 bytes, 4 to a word, from v with kHadamard, else
   // from raw converted again. Without the transform each byte is the e4m3 rounding of
-  // z / descale: z·below and z·above bracket that quotient, and where their bytes agree they are
-  // its rounding (two products and a conversion per value); where any of the 16 values' bytes
-  // disagree, a quotient within 2^-20 of an e4m3 midpoint, the thread rounds them with
-  // quotient_odd. Those are data-dependent: 448·x / amax is often a midpoint exactly (amax 4.5,
-  // x 1.6875: 168), moved by under 2^-24 by the descale's rounding (tests/test_quantize_fp8_bracket.py).
+  // z / descale, which z·below and z·above bracket: where their bytes agree they are its
+  // rounding. Where they differ, the quotient is within 2^-19 of an e4m3 midpoint, and for
+  // 16-bit x (kBracket) 448·x / amax, a quotient of two 16-bit values, is either a midpoint
+  // exactly or at least 2^-16 (relative) away from one. So it is a midpoint (amax 4.5, x 1.6875:
+  // 168) that only the descale's rounding moves: z / descale lies below it where the descale
+  // was rounded up (then z·below's byte is right everywhere), above it where rounded down
+  // (z·above's), on it where the descale is exact (the even byte of the two). One product a
+  // value, by d.toward (tests/test_quantize_fp8_bracket.py). fp32 x takes quotient_odd.
   template <bool kPrescale>
   __device__ __forceinline__ void encode(uint32_t (&w)[2][kPerVec / 4], int j, const uint4 (&raw)[kVecs],
                                          const float (&v)[32], const Divisor& d) const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
     constexpr bool kBracket = false;  // e4m3 conversions in software: two cost more than the exact quotient
 #else
-    constexpr bool kBracket = !kHadamard && !kPrescale;
+    constexpr bool kBracket = !kHadamard && !kPrescale && sizeof(T) == 2;
 #endif
     auto pack = [](const float* u, float scale) {
       return e4m3x2(u[0] * scale, u[1] * scale) | (e4m3x2(u[2] * scale, u[3] * scale) << 16);
@@ -464,18 +471,27 @@ struct Tile {
       }
     };
     if constexpr (kBracket) {
-      uint32_t differ = 0;
+      if (d.side != 0) {  // uniform
 #pragma unroll
-      for (int p = 0; p < 2; ++p) {
-        float u[kPerVec];
-        values_of(p, u);
+        for (int p = 0; p < 2; ++p) {
+          float u[kPerVec];
+          values_of(p, u);
 #pragma unroll
-        for (int k = 0; k < kPerVec / 4; ++k) {
-          w[p][k] = pack(&u[4 * k], d.below);
-          differ |= w[p][k] ^ pack(&u[4 * k], d.above);
+          for (int k = 0; k < kPerVec / 4; ++k) w[p][k] = pack(&u[4 * k], d.toward);
+        }
+      } else {
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+          float u[kPerVec];
+          values_of(p, u);
+#pragma unroll
+          for (int k = 0; k < kPerVec / 4; ++k) {
+            const uint32_t lo = pack(&u[4 * k], d.below), hi = pack(&u[4 * k], d.above);
+            const uint32_t odd = (lo & 0x01010101u) * 0xffu;  // 0xff in each byte of lo with an odd code
+            w[p][k] = (lo & ~odd) | (hi & odd);
+          }
         }
       }
-      if (differ != 0) exact();
     } else {
       exact();
     }
@@ -593,6 +609,9 @@ __device__ __forceinline__ void quantize_store(const Tl& tile, const Raw& raw, c
     // inv is within an ulp of 1 / descale and each product rounds by half an ulp: 2^-20 keeps
     // z·below and z·above on either side of z / descale.
     d.below = d.inv * (1.f - 0x1p-20f), d.above = d.inv * (1.f + 0x1p-20f);
+    const float off = fmaf(d.descale, kE4m3Max, -amax);  // one rounding: its sign is exact
+    d.side = off > 0.f ? -1 : off < 0.f ? 1 : 0;
+    d.toward = off > 0.f ? d.below : d.above;
     tile.template store<false>(raw, v, a, it, d);
     return;
   }

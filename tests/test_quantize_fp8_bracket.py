@@ -1,12 +1,15 @@
-"""The byte rule of ``quantize_fp8``'s kernel without the Hadamard transform, modelled in numpy.
+"""The byte rules of ``quantize_fp8``'s kernel without the Hadamard transform, modelled in numpy.
 
-The kernel multiplies x by the float32 neighbours ``inv * (1 -+ 2^-20)`` of the descale's
-reciprocal, rounds each product to float32 and then to e4m3; where the two bytes agree it
-stores them, elsewhere it takes the exact quotient. Here: wherever they agree, they equal the
-e4m3 rounding of x / descale (float64, exact for a 16-bit x and a float32 descale: see
-test_gpu_quantize_fp8.py), for a reciprocal correctly rounded and one ulp either side of it
-(the kernel's is within an ulp). Inputs: random 16-bit values, and values whose quotients lie
-next to e4m3 rounding midpoints.
+The kernel brackets x / descale by the products of x with the float32 neighbours
+``inv * (1 -+ 2^-20)`` of the descale's reciprocal, each rounded to float32 and then to e4m3.
+Here: wherever the two bytes agree, they equal the e4m3 rounding of x / descale (float64, exact
+for a 16-bit x and a float32 descale: see test_gpu_quantize_fp8.py), for a reciprocal correctly
+rounded and one ulp either side of it (the kernel's is within an ulp). For fp32 x the kernel
+takes the exact quotient where they differ. For 16-bit x it computes one product only, chosen by
+the side of amax / 448 on which the float descale lies (``Divisor::side``), and both where the
+descale is exact (then the even byte): that rule is checked to give the exact rounding on
+every value. Inputs: random 16-bit values, and values whose quotients lie next to e4m3 rounding
+midpoints.
 """
 
 from __future__ import annotations
@@ -112,3 +115,61 @@ def test_a_bracket_inside_the_reciprocals_error_is_caught():
             lo, hi = bracket_bytes(xs, inv, bracket=2.0**-26)
             wrong += int(((lo == hi) & (lo != exact)).sum())
     assert wrong > 0
+
+
+def directed_bytes(x: np.ndarray, amax: float, descale: np.float32, inv: np.float32) -> np.ndarray:
+    """The 16-bit rule: below's byte where the descale lies above amax / 448, above's where it
+    lies below, and the even one of the two where it is exact."""
+    lo, hi = bracket_bytes(x, inv)
+    off = float(descale) * r.E4M3_MAX - amax  # exact in float64: 24-bit descale times 448
+    if off > 0:
+        return lo
+    if off < 0:
+        return hi
+    return np.where(_odd_code(lo), hi, lo)
+
+
+def _odd_code(v: np.ndarray) -> np.ndarray:
+    """Whether the e4m3 code of each value (float64, exact e4m3 values) is odd."""
+    a = np.abs(v)
+    sub = a < 2.0**-6
+    mant, exp = np.frexp(np.where(sub, 1.0, a))  # a = mant · 2^exp, mant in [0.5, 1)
+    normal_odd = (np.round(mant * 16) % 2) == 1  # 1.mmm · 2^(exp - 1): the last of 3 bits
+    sub_odd = (np.round(a * 512) % 2) == 1
+    return np.where(sub, sub_odd, normal_odd)
+
+
+def maxima(to16) -> np.ndarray:
+    """16-bit maxima around 4 (the benchmark's normal inputs), those whose descale is exact
+    (significands divisible by 7), and a spread of magnitudes."""
+    rng = np.random.default_rng(7)
+    near = to16(np.linspace(3.5, 5.0, 97))
+    exact = to16(np.array([3.5, 28.0, 4.375, 5.25, 448.0, 0.21875, 7.0 * 2.0**-12]))
+    spread = to16(2.0 ** rng.uniform(-20, 12, 64))
+    return np.unique(np.concatenate([near, exact, spread]))
+
+
+@pytest.mark.parametrize("to16", [to_bfloat16, to_float16], ids=["bfloat16", "float16"])
+def test_directed_product_is_the_exact_rounding(to16):
+    """One product by the side's bracket neighbour gives the exact byte of every 16-bit value,
+    midpoints and exact descales included; the other side's product does not."""
+    rng = np.random.default_rng(20261128)
+    exact_descales = wrong_side = 0
+    for amax in maxima(to16):
+        amax = float(amax)
+        descale = descale_of(amax)
+        if descale == 0 or not np.isfinite(descale):
+            continue
+        exact_descales += float(descale) * r.E4M3_MAX == amax
+        x = to16(rng.standard_normal(2048) * amax / 4)
+        xs = np.concatenate([x, near_midpoints(descale, to16), [amax, -amax]])
+        xs = xs[np.abs(xs) <= amax]
+        exact = exact_bytes(xs, descale)
+        for inv in reciprocals(descale):
+            np.testing.assert_array_equal(directed_bytes(xs, amax, descale, inv), exact)
+            lo, hi = bracket_bytes(xs, inv)
+            off = float(descale) * r.E4M3_MAX - amax
+            if off != 0:
+                wrong_side += int(((hi if off > 0 else lo) != exact).sum())
+    assert exact_descales >= 5
+    assert wrong_side > 0
