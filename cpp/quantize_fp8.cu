@@ -80,11 +80,13 @@ Status resident_ctas(const void* kernel, int threads, int slots, int slot_bytes,
   return Status{};
 }
 
-// The streaming walks' ring: as many resident CTAs as any ring allows, then as many slots (up
-// to 3) as fit beside them; 0 slots: loads straight into registers. Sets a->slots and *ctas.
-Status stream_slots(const void* kernel, int threads, int slot_bytes, QuantizeFp8Args* a, int64_t* ctas) {
+// The streaming walks' ring: as many resident CTAs as any ring of at least `min_slots` allows,
+// then as many slots (up to 3) as fit beside them; 0 slots: loads straight into registers.
+// Sets a->slots and *ctas.
+Status stream_slots(const void* kernel, int threads, int slot_bytes, int min_slots, QuantizeFp8Args* a,
+                    int64_t* ctas) {
   *ctas = 0;
-  for (int slots = 3; slots >= 0; --slots) {
+  for (int slots = 3; slots >= min_slots; --slots) {
     int64_t resident = 0;
     if (Status s = resident_ctas(kernel, threads, slots, slot_bytes, &resident); !s.ok()) return s;
     if (resident > *ctas) *ctas = resident, a->slots = slots;
@@ -101,7 +103,8 @@ Status launch(const QuantizeFp8Params& p, QuantizeFp8Args a) {
   int64_t resident = 0;
   if (p.block) {  // independent tiles: a plain launch of at most one wave
     const void* kernel = reinterpret_cast<const void*>(&quantize_fp8_kernel<T, kD, kHadamard, Fp8Walk::kBlock>);
-    if (Status s = stream_slots(kernel, kThreads, kSlot, &a, &resident); !s.ok()) return s;
+    // With the transform the block walk reads tiles from a slot (HadamardMma on sm90).
+    if (Status s = stream_slots(kernel, kThreads, kSlot, kHadamard ? 1 : 0, &a, &resident); !s.ok()) return s;
     a.work = heads * a.tiles;
     const int64_t grid = std::min(a.work, resident);
     quantize_fp8_kernel<T, kD, kHadamard, Fp8Walk::kBlock><<<unsigned(grid), kThreads, a.slots * kSlot, p.stream>>>(a);
@@ -125,7 +128,7 @@ Status launch(const QuantizeFp8Params& p, QuantizeFp8Args a) {
   }
   if (!held) {
     kernel = reinterpret_cast<const void*>(&quantize_fp8_kernel<T, kD, kHadamard, Fp8Walk::kReread>);
-    if (Status s = stream_slots(kernel, kThreads, kSlot, &a, &resident); !s.ok()) return s;
+    if (Status s = stream_slots(kernel, kThreads, kSlot, 0, &a, &resident); !s.ok()) return s;
     a.chunk_tiles = int((a.tiles + resident - 1) / resident);
     // Between its two readings a tile waits in L2 behind about a head (a chunk per CTA) and
     // what the rings read ahead: fewer slots (still at least one) where that passes 3/4 of L2.

@@ -7,12 +7,14 @@
 // 32 columns each: vector i (16 bytes) of lane l holds columns (i·lanes + l)·per_vec.., so a
 // row's lanes read neighbouring vectors (whole sectors per warp instruction), and the
 // butterflies run within a thread over the column bits it holds and across the row's lanes
-// (shuffles) over the others. Without it, a warp's vector i is 512 bytes of whole rows of the
+// (shuffles) over the others; sm_90 code of the block and held walks runs the transform on
+// tensor cores instead, straight from the tile's ring slot (HadamardMma,
+// quantize_fp8_hadamard.h). Without it, a warp's vector i is 512 bytes of whole rows of the
 // tile (Tile::kLanes).
 //
 // Grids are persistent and keep loads in flight: tiles are copied (cp.async) into a ring of
-// shared-memory slots ahead of their use, and a thread only ever reads back the vectors it
-// copied itself, so the ring needs no CTA barrier. The walks (Fp8Walk):
+// shared-memory slots ahead of their use, and a thread only ever reads back the vectors its
+// warp copied, so the ring needs no CTA barrier. The walks (Fp8Walk):
 //  - kBlock: tiles are independent; a slot is refilled as soon as its tile is in registers.
 //  - kHeld: per-head scales, a head's tiles spread over a team of CTAs, a chunk of tiles each.
 //    A CTA reduces its chunk of head s tile by tile, adds its maximum into the head's slot, and
@@ -305,7 +307,10 @@ struct Signs {
   const uint32_t* lane_bits;  // fp32 inputs: per lane of a row, bit l set where the thread's value l is negated
 };
 
-template <class T, int kD, bool kHadamard>
+// kMma: the tile feeds HadamardMma (quantize_fp8_hadamard.h): its slots keep rows in order
+// (slot_vector), and lane() and row() are read from threadIdx where used, which held would
+// spill at 64 registers a thread there.
+template <class T, int kD, bool kHadamard, bool kMma = false>
 struct Tile {
   static constexpr int kThreads = 4 * kD;
   static constexpr int kPerVec = Input<T>::kPerVec;
@@ -331,9 +336,14 @@ struct Tile {
   // Held on sm_90, where reading them where used was slower at hd 256 (benchmarks/results).
   int lane_, row_;
   __device__ Tile() : lane_(int(threadIdx.x) % kLanes), row_(int(threadIdx.x) / kLanes) {}
-  __device__ __forceinline__ int lane() const { return lane_; }
-  __device__ __forceinline__ int row() const { return row_; }
+  __device__ __forceinline__ int lane() const { return kMma ? thread() % kLanes : lane_; }
+  __device__ __forceinline__ int row() const { return kMma ? thread() / kLanes : row_; }
 #endif
+  static __device__ __forceinline__ int thread() {  // not hoisted out of loops, unlike threadIdx.x
+    int t;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+    return t;
+  }
 
   // The first column of vector i of `lane` (the thread's value l is column(l / kPerVec) + l % kPerVec),
   // in row row() + i·kRowStep of the tile.
@@ -372,14 +382,46 @@ struct Tile {
     }
   }
 
-  // The same copied asynchronously into the thread's own vectors of a ring slot (vector i of
-  // thread t at i * kThreads + t: conflict-free), for take() to collect after wait_fills().
+  // Where a ring slot keeps the thread's vector i: at i * kThreads + t (conflict-free), or with
+  // kMma in row order, row r's 16-byte unit c at r·kD/kPerVec + (c ^ (r % 8)): conflict-free for
+  // the copies (fetch) and for HadamardMma's ldmatrix reads, whose 8 rows share a unit.
+  static __device__ __forceinline__ int slot_index(int r, int c) { return r * (kD / kPerVec) + (c ^ (r & 7)); }
+  __device__ __forceinline__ int slot_vector(int i) const {
+    if constexpr (kMma) {
+      return slot_index(row(), column(i) / kPerVec);
+    } else {
+      return i * kThreads + int(threadIdx.x);
+    }
+  }
+
+  // The same copied asynchronously into the thread's own vectors of a ring slot, for take() to
+  // collect after wait_fills().
   __device__ __forceinline__ void fetch(uint4* slot, const QuantizeFp8Args& a, const Item& it) const {
+    if constexpr (kMma && kD < 256) {
+      // Each warp copies the rows its HadamardMma reads (1024 / kD from row w·1024 / kD), vector i
+      // of lane l their 16-byte unit 32i + l: whole rows, whole 128-byte lines, per instruction
+      // (a row's lanes below read one or two sectors of each of 8-16 lines; at hd 256 whole lines,
+      // and faster than this: benchmarks/results/h200-quantize-fp8-hadamard-mma.txt).
+      constexpr int kUnits = kD / kPerVec;  // a row's
+      const int t = thread(), l = t % 32, rows = (t / 32) * (1024 / kD);
+      const T* src = static_cast<const T*>(a.x) + it.b * a.x_batch_stride + it.h * a.x_head_stride;
+#pragma unroll
+      for (int i = 0; i < kVecs; ++i) {
+        const int r = rows + (32 * i + l) / kUnits, u = (32 * i + l) % kUnits;
+        const bool inside = it.row0 + r < a.seqlen;
+        const uint32_t dst = uint32_t(__cvta_generic_to_shared(&slot[slot_index(r, u)]));
+        const void* from = inside ? static_cast<const void*>(src + int64_t(it.row0 + r) * a.x_row_stride + u * kPerVec)
+                                  : a.x;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(from), "r"(inside ? 16 : 0)
+                     : "memory");
+      }
+      return;
+    }
     const T* src = thread_ptr(a, it);
 #pragma unroll
     for (int i = 0; i < kVecs; ++i) {
       const bool inside = in_x(a, it, i);
-      const uint32_t dst = uint32_t(__cvta_generic_to_shared(&slot[i * kThreads + threadIdx.x]));
+      const uint32_t dst = uint32_t(__cvta_generic_to_shared(&slot[slot_vector(i)]));
       const void* from = inside ? static_cast<const void*>(vector_ptr(src, a, i)) : a.x;
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(from), "r"(inside ? 16 : 0)
                    : "memory");
@@ -387,7 +429,7 @@ struct Tile {
   }
   __device__ __forceinline__ void take(uint4 (&raw)[kVecs], const uint4* slot) const {
 #pragma unroll
-    for (int i = 0; i < kVecs; ++i) raw[i] = slot[i * kThreads + threadIdx.x];
+    for (int i = 0; i < kVecs; ++i) raw[i] = slot[slot_vector(i)];
   }
 
   // The thread's 32 values in fp32 (v[l]: column(l / kPerVec) + l % kPerVec). With kHadamard,
@@ -560,9 +602,9 @@ __device__ __forceinline__ float cta_max(float local, uint32_t (&s_warp)[2][kWar
 }
 
 // The thread's maximum |value| of a tile (v holds the transformed values with kHadamard).
-template <class T, int kD, bool kHadamard>
-__device__ __forceinline__ float local_amax(const Tile<T, kD, kHadamard>& tile,
-                                            const uint4 (&raw)[Tile<T, kD, kHadamard>::kVecs], float (&v)[32],
+template <class T, int kD, bool kHadamard, bool kWhere>
+__device__ __forceinline__ float local_amax(const Tile<T, kD, kHadamard, kWhere>& tile,
+                                            const uint4 (&raw)[Tile<T, kD, kHadamard, kWhere>::kVecs], float (&v)[32],
                                             const Signs& signs) {
   float m = 0.f;
   if constexpr (kHadamard) {
@@ -576,7 +618,7 @@ __device__ __forceinline__ float local_amax(const Tile<T, kD, kHadamard>& tile,
     T2 m2;
     std::memset(&m2, 0, sizeof(m2));
 #pragma unroll
-    for (int i = 0; i < Tile<T, kD, kHadamard>::kVecs; ++i) {
+    for (int i = 0; i < Tile<T, kD, kHadamard, kWhere>::kVecs; ++i) {
       const uint32_t w[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
@@ -588,7 +630,7 @@ __device__ __forceinline__ float local_amax(const Tile<T, kD, kHadamard>& tile,
     m = fmaxf(float(m2.x), float(m2.y));
   } else {
 #pragma unroll
-    for (int i = 0; i < Tile<T, kD, kHadamard>::kVecs; ++i) {
+    for (int i = 0; i < Tile<T, kD, kHadamard, kWhere>::kVecs; ++i) {
       float f[Input<T>::kPerVec];
       Input<T>::to_float(raw[i], f);
 #pragma unroll
@@ -598,9 +640,9 @@ __device__ __forceinline__ float local_amax(const Tile<T, kD, kHadamard>& tile,
   return m;
 }
 
-template <class Tl, class Raw>
-__device__ __forceinline__ void quantize_store(const Tl& tile, const Raw& raw, const float (&v)[32],
-                                               const QuantizeFp8Args& a, const Item& it, float amax) {
+// The Divisor for amax, handed to store(std::bool_constant<kPrescale>, d).
+template <class Store>
+__device__ __forceinline__ void quantize_with(float amax, Store&& store) {
   Divisor d;
   d.descale = descale_of<false, 0>(amax);
   d.pre_a = d.pre_b = 1.f;
@@ -612,7 +654,7 @@ __device__ __forceinline__ void quantize_store(const Tl& tile, const Raw& raw, c
     const float off = fmaf(d.descale, kE4m3Max, -amax);  // one rounding: its sign is exact
     d.side = off > 0.f ? -1 : off < 0.f ? 1 : 0;
     d.toward = off > 0.f ? d.below : d.above;
-    tile.template store<false>(raw, v, a, it, d);
+    store(std::false_type{}, d);
     return;
   }
   if (isinf(d.descale)) {  // amax inf: finite values go to 0, infinities to NaN, as x / inf
@@ -624,7 +666,15 @@ __device__ __forceinline__ void quantize_store(const Tl& tile, const Raw& raw, c
     d.descale = d.descale * d.pre_a * d.pre_b;
     d.inv = reciprocal(d.descale);
   }
-  tile.template store<true>(raw, v, a, it, d);
+  store(std::true_type{}, d);
+}
+
+template <class Tl, class Raw>
+__device__ __forceinline__ void quantize_store(const Tl& tile, const Raw& raw, const float (&v)[32],
+                                               const QuantizeFp8Args& a, const Item& it, float amax) {
+  quantize_with(amax, [&](auto prescale, const Divisor& d) {
+    tile.template store<decltype(prescale)::value>(raw, v, a, it, d);
+  });
 }
 
 // Per-head walks: this CTA's place, its chunk of rows and team.
@@ -643,6 +693,12 @@ struct Team {
 
 }  // namespace quantize_fp8_detail
 
+}  // namespace flashcute
+
+#include "quantize_fp8_hadamard.h"  // HadamardMma, on Tile and the helpers above
+
+namespace flashcute {
+
 // Register budget: 1024 threads per SM for block scales, 512 for the per-head walks (whose rings
 // take most of an SM's shared memory) up to head dim 128. Dynamic shared memory: a.slots ring
 // slots of Tile::kSlotBytes.
@@ -650,7 +706,13 @@ template <class T, int kD, bool kHadamard, Fp8Walk kWalk>
 __global__ void __launch_bounds__(4 * kD, kWalk == Fp8Walk::kBlock || kD == 256 ? 256 / kD : 128 / kD)
     quantize_fp8_kernel(const QuantizeFp8Args a) {
   using namespace quantize_fp8_detail;
-  using Tl = Tile<T, kD, kHadamard>;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // The transform on tensor cores where the tile is read from its slot (quantize_fp8_hadamard.h).
+  constexpr bool kMma = kHadamard && sizeof(T) == 2 && kWalk != Fp8Walk::kReread;
+#else
+  constexpr bool kMma = false;
+#endif
+  using Tl = Tile<T, kD, kHadamard, kMma>;
   constexpr int kWarps = Tl::kThreads / 32;
   extern __shared__ uint4 s_ring[];
   __shared__ uint4 s_masks[kHadamard && sizeof(T) == 2 ? kD / Tl::kPerVec : 1];
@@ -659,6 +721,7 @@ __global__ void __launch_bounds__(4 * kD, kWalk == Fp8Walk::kBlock || kD == 256 
   __shared__ uint32_t s_warp[2][kWarps];
   constexpr bool kSharedWait = kHadamard && kD <= 128;  // head_wait
   __shared__ float s_head[2];
+  using Hm = HadamardMma<std::conditional_t<sizeof(T) == 2, T, __half>, kD <= 64 ? 64 : kD>;
   const Tl tile;
   const Signs signs{s_masks, s_lane_bits};
   const int slots = a.slots;
@@ -695,6 +758,7 @@ __global__ void __launch_bounds__(4 * kD, kWalk == Fp8Walk::kBlock || kD == 256 
         }
         s_lane_bits[threadIdx.x] = bits;
       }
+      if constexpr (kMma) Hm::fill(Hm::tables(), s_bits);
       __syncthreads();
     }
     if constexpr (kWalk != Fp8Walk::kBlock) barrier.wait();
@@ -702,6 +766,20 @@ __global__ void __launch_bounds__(4 * kD, kWalk == Fp8Walk::kBlock || kD == 256 
 
   uint4 raw[Tl::kVecs];
   float v[32];
+  // kMma: the tile's values straight from its slot (filled: the warp syncs first), and their maximum.
+  auto mma_amax = [&](const uint4* s) {
+    __syncwarp();
+    Hm::values(s, Hm::tables(), v);
+    float m = 0.f;
+#pragma unroll
+    for (int l = 0; l < 32; ++l) m = fmaxf(m, fabsf(v[l]));
+    return m;
+  };
+  auto mma_store = [&](uint4* s, const Item& it, float amax) {
+    quantize_with(amax, [&](auto prescale, const Divisor& d) {
+      Hm::template store<decltype(prescale)::value>(v, s, a, it, d);
+    });
+  };
 
   if constexpr (kWalk == Fp8Walk::kBlock) {
     // Tiles blockIdx.x, + gridDim.x, ...; `slots` of them in flight.
@@ -715,13 +793,19 @@ __global__ void __launch_bounds__(4 * kD, kWalk == Fp8Walk::kBlock || kD == 256 
     setup();
     for (uint32_t n = 0, i = 0; n < count; ++n) {  // i: tile n's slot
       const Item it = item(n);
-      if (slots == 0) {
-        tile.template load<false>(raw, a, it);
-      } else {
+      float m;
+      if constexpr (kMma) {  // slots >= 1 (quantize_fp8.cu)
         wait_fills(slots - 1);
-        tile.take(raw, slot(i));
+        m = mma_amax(slot(i));
+      } else {
+        if (slots == 0) {
+          tile.template load<false>(raw, a, it);
+        } else {
+          wait_fills(slots - 1);
+          tile.take(raw, slot(i));
+        }
+        m = local_amax(tile, raw, v, signs);
       }
-      const float m = local_amax(tile, raw, v, signs);
       // The slot takes the tile `slots` further once raw is in registers (m used it); with the
       // Hadamard transform only after the stores, when v no longer holds registers.
       auto refill = [&] {
@@ -735,7 +819,11 @@ __global__ void __launch_bounds__(4 * kD, kWalk == Fp8Walk::kBlock || kD == 256 
       const float amax = cta_max<kWarps>(m, s_warp, n & 1);
       if (threadIdx.x == 0)
         a.descale[(int64_t(it.b) * a.nheads + it.h) * a.tiles + it.row0 / kFp8Block] = descale_of<kHadamard, kD>(amax);
-      quantize_store(tile, raw, v, a, it, amax);
+      if constexpr (kMma) {
+        mma_store(slot(i), it, amax);
+      } else {
+        quantize_store(tile, raw, v, a, it, amax);
+      }
       if constexpr (kHadamard) refill();
     }
   } else if constexpr (kWalk == Fp8Walk::kHeld) {
@@ -760,8 +848,12 @@ __global__ void __launch_bounds__(4 * kD, kWalk == Fp8Walk::kBlock || kD == 256 
       const bool reduce = k < total, last = reduce && k % len == len - 1;
       if (reduce) {  // fills issued: slots + max(0, k - len); wait for fill k
         wait_fills(slots - 1 - len);
-        tile.take(raw, slot(k % slots));
-        m = fmaxf(m, local_amax(tile, raw, v, signs));
+        if constexpr (kMma) {
+          m = fmaxf(m, mma_amax(slot(k % slots)));
+        } else {
+          tile.take(raw, slot(k % slots));
+          m = fmaxf(m, local_amax(tile, raw, v, signs));
+        }
         if (last) {
           m = cta_max<kWarps>(m, s_warp, (k / len) & 1);
           if (threadIdx.x == 0) old_max = head_max(a, team.group(k / len, a), m);
@@ -774,9 +866,14 @@ __global__ void __launch_bounds__(4 * kD, kWalk == Fp8Walk::kBlock || kD == 256 
           amax = head_wait<kSharedWait>(a, g, s_head, (q / len) & 1);
           if (team.chunk == 0 && threadIdx.x == 0) a.descale[g] = descale_of<kHadamard, kD>(amax);
         }
-        tile.take(raw, slot(q % slots));
-        if constexpr (kHadamard) tile.values(raw, v, signs);
-        quantize_store(tile, raw, v, a, team.item(q / len, q % len, a), amax);
+        if constexpr (kMma) {
+          Hm::values(slot(q % slots), Hm::tables(), v);
+          mma_store(slot(q % slots), team.item(q / len, q % len, a), amax);
+        } else {
+          tile.take(raw, slot(q % slots));
+          if constexpr (kHadamard) tile.values(raw, v, signs);
+          quantize_store(tile, raw, v, a, team.item(q / len, q % len, a), amax);
+        }
         fill();
       }
       if (last && threadIdx.x == 0) head_count(a, team.group(k / len, a), old_max);
