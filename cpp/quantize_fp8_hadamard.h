@@ -5,8 +5,10 @@
 // sign-flipped there). A holds H_32's rows in the order π(r + 16y) = 2·(r % 8) + r / 8 + 16y
 // (r < 16), so that a thread's accumulators hold two pairs of neighbouring output columns, and
 // all four 16 x 16 blocks of A are its first one, the last negated (through B). H_C then runs
-// in the thread's registers, which hold every chunk of their rows. Tile::values' butterflies
-// issue 7-11 instructions a value, two of them shuffles; this takes about a quarter of that.
+// in the thread's registers, which hold every chunk of their rows. Those kernels issue fewer
+// instructions per value than Tile::values' butterflies and shuffles, which bound them
+// (benchmarks/results/h200-quantize-fp8-hadamard-mma.txt). The caller, quantize_fp8.h,
+// includes this after Tile, Divisor and the e4m3 helpers it uses.
 #pragma once
 
 #include <cuda_fp16.h>
