@@ -42,12 +42,13 @@ KernelQuery query_of(const Params& p) {
   return q;
 }
 
-// The compiled kernel head dims (d, dv) that run a call on `backend` ({0, 0}: none).
+// The compiled kernel head dims (d, dv) that run a call on `backend` on a GPU of `capability`
+// ({0, 0}: none).
 template <class Params>
-std::pair<int, int> kernel_dims(const Params& p, Backend backend) {
+std::pair<int, int> kernel_dims(const Params& p, Backend backend, int capability) {
   const KernelQuery q = query_of(p);
   auto clamp = [](int64_t d) { return static_cast<int>(std::min<int64_t>(std::max<int64_t>(d, -1), 1 << 20)); };
-  return kernel_head_dims(compiled_kernels(), backend, clamp(q.headdim), clamp(q.headdim_v), q.backward);
+  return kernel_head_dims(compiled_kernels(capability), backend, clamp(q.headdim), clamp(q.headdim_v), q.backward);
 }
 
 Status invalid(const char* msg) { return make_status(StatusCode::kInvalidArgument, "%s", msg); }
@@ -353,9 +354,9 @@ int64_t bwd_call_headdim(const AttentionBackwardParams& p) { return std::max(p.h
 // The backward's workspace for the path that runs it (bwd_workspace.h): both paths add dQ
 // into an fp32 accumulator, except the Ampere path's deterministic design. Its rows are as
 // wide as the kernel's head dim (the call's rounded up).
-BwdWorkspace workspace_layout(const AttentionBackwardParams& p, Backend resolved) {
+BwdWorkspace workspace_layout(const AttentionBackwardParams& p, Backend resolved, int capability) {
   const bool hopper = resolved == Backend::kHopper;
-  const int kernel_headdim = kernel_dims(p, resolved).first;
+  const int kernel_headdim = kernel_dims(p, resolved, capability).first;
   return bwd_workspace(p.batch, p.nheads, p.nheads_kv, p.seqlen_q, p.seqlen_k,
                        kernel_headdim > 0 ? kernel_headdim : bwd_call_headdim(p),
                        /*lse_log2=*/hopper, /*dq_accum=*/hopper || !p.deterministic, /*dq_ready=*/hopper,
@@ -409,9 +410,9 @@ Status check_backward(const AttentionBackwardParams& p) {
 }
 
 // The workspace, once the path that runs the call (and so its layout) is known.
-Status check_workspace(const AttentionBackwardParams& p, Backend resolved) {
+Status check_workspace(const AttentionBackwardParams& p, Backend resolved, int capability) {
   if (p.batch == 0 || p.nheads == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) return Status{};
-  const size_t needed = workspace_layout(p, resolved).bytes;
+  const size_t needed = workspace_layout(p, resolved, capability).bytes;
   if (needed > 0 && (p.workspace == nullptr || reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0))
     return invalid("workspace: expected a 16-byte aligned device buffer");
   if (p.workspace_bytes < needed)
@@ -421,11 +422,11 @@ Status check_workspace(const AttentionBackwardParams& p, Backend resolved) {
   return Status{};
 }
 
-BwdKernelParams kernel_params(const AttentionBackwardParams& p, Backend resolved) {
+BwdKernelParams kernel_params(const AttentionBackwardParams& p, Backend resolved, int capability) {
   BwdKernelParams k{};
   k.q = p.q, k.k = p.k, k.v = p.v, k.out = p.out, k.dout = p.dout, k.lse = p.lse;
   k.dq = p.dq, k.dk = p.dk, k.dv = p.dv;
-  const BwdWorkspace workspace = workspace_layout(p, resolved);
+  const BwdWorkspace workspace = workspace_layout(p, resolved, capability);
   char* base = static_cast<char*>(p.workspace);
   k.seqlen_q_padded = static_cast<int>(workspace.rows_padded);
   k.row_dot = reinterpret_cast<float*>(base + workspace.row_dot_offset);
@@ -495,10 +496,10 @@ Status synchronize_stream(int device, cudaStream_t stream) {
 
 Status choose_kernel(const KernelQuery& query, Backend backend, int capability, KernelChoice* choice) {
   if (choice == nullptr) return invalid("choice must not be null");
-  return choose_kernel_in(compiled_kernels(), query, backend, capability, choice);
+  return choose_kernel_in(compiled_kernels(capability), query, backend, capability, choice);
 }
 
-Backend default_backend(int capability) { return default_backend_of(compiled_kernels(), capability); }
+Backend default_backend(int capability) { return default_backend_of(compiled_kernels(capability), capability); }
 
 namespace {
 
@@ -518,9 +519,11 @@ Status resolve_backend(const Params& params, Backend backend, int capability, Ba
 
 // The launcher of the kernel that runs the request on this device (dispatch_policy.h).
 template <class Params, class Launcher>
-Status find_launcher(const Params& params, Backend backend, Launcher* launcher, Backend* resolved) {
+Status find_launcher(const Params& params, Backend backend, Launcher* launcher, Backend* resolved,
+                     int* capability_out = nullptr) {
   int capability = 0;
   if (Status s = device_capability(params.device, &capability); !s.ok()) return s;
+  if (capability_out != nullptr) *capability_out = capability;
   KernelChoice choice;
   if (Status s = choose_kernel(query_of(params), backend, capability, &choice); !s.ok()) return s;
   *resolved = choice.backend;
@@ -563,7 +566,7 @@ Status attention_forward_workspace_size(const AttentionForwardParams& given, siz
   Backend resolved = backend;
   if (Status s = resolve_backend(params, backend, capability, &resolved); !s.ok()) return s;
   // The split's tiles and state follow the kernel's head dims (a pair kernel's where V's differs).
-  const auto kernel = kernel_dims(params, Backend::kHopper);
+  const auto kernel = kernel_dims(params, Backend::kHopper, 90);
   const int kernel_headdim = kernel.first, kernel_headdim_v = kernel.second;
   if (resolved != Backend::kHopper || capability != 90 || kernel_headdim == 0) return Status{};
   if (varlen(params)) {  // never split; the counter of the claimed tile order
@@ -585,19 +588,22 @@ Status attention_backward_workspace_size(const AttentionBackwardParams& given, s
   if (bytes == nullptr) return invalid("bytes must not be null");
   const AttentionBackwardParams params = bounded(given);
   if (Status s = check_problem(params); !s.ok()) return s;
-  const bool hopper_kernel = kernel_dims(params, Backend::kHopper).first > 0;
-  // kAuto follows the device; without a usable device, the larger of the two layouts (their
-  // kernels' head dims may differ).
+  const bool hopper_kernel = kernel_dims(params, Backend::kHopper, 90).first > 0;
+  // kAuto follows the device; without a usable device, the largest layout of both paths as
+  // sm80 and sm90 code (their kernels' head dims may differ).
   int capability = 0;
-  if (backend == Backend::kAuto && !device_capability(params.device, &capability).ok()) {
-    *bytes = workspace_layout(params, Backend::kAmpere).bytes;
-    if (hopper_kernel) *bytes = std::max(*bytes, workspace_layout(params, Backend::kHopper).bytes);
+  if (!device_capability(params.device, &capability).ok()) {
+    if (backend != Backend::kHopper || !hopper_kernel)
+      *bytes = std::max(workspace_layout(params, Backend::kAmpere, 80).bytes,
+                        workspace_layout(params, Backend::kAmpere, 90).bytes);
+    if (hopper_kernel && backend != Backend::kAmpere)
+      *bytes = std::max(*bytes, workspace_layout(params, Backend::kHopper, 90).bytes);
     return Status{};
   }
   Backend resolved = backend;
   if (Status s = resolve_backend(params, backend, capability, &resolved); !s.ok()) return s;
   if (resolved == Backend::kHopper && !hopper_kernel) resolved = Backend::kAmpere;
-  *bytes = workspace_layout(params, resolved).bytes;
+  *bytes = workspace_layout(params, resolved, capability).bytes;
   return Status{};
 }
 
@@ -608,12 +614,13 @@ Status attention_backward(const AttentionBackwardParams& given, Backend backend)
     return Status{};
   BwdLauncher launch = nullptr;
   Backend resolved = backend;
-  if (Status s = find_launcher(params, backend, &launch, &resolved); !s.ok())
+  int capability = 0;
+  if (Status s = find_launcher(params, backend, &launch, &resolved, &capability); !s.ok())
     return s;
-  if (Status s = check_workspace(params, resolved); !s.ok()) return s;
+  if (Status s = check_workspace(params, resolved, capability); !s.ok()) return s;
   DeviceGuard guard(params.device);
   if (!guard.status().ok()) return guard.status();
-  return launch(kernel_params(params, resolved), params.stream);
+  return launch(kernel_params(params, resolved, capability), params.stream);
 }
 
 namespace {
@@ -971,7 +978,8 @@ BuildInfo build_info() {
   return BuildInfo{FLASHCUTE_VERSION,          FLASHCUTE_CUDA_ARCHS,       FLASHCUTE_AMPERE_HEAD_DIMS,
                    FLASHCUTE_AMPERE_DTYPES,    FLASHCUTE_HOPPER_HEAD_DIMS, FLASHCUTE_HOPPER_DTYPES,
                    CUDART_VERSION,             FLASHCUTE_HOPPER_BWD_HEAD_DIMS,
-                   FLASHCUTE_HOPPER_DV_PAIRS, FLASHCUTE_HOPPER_FP8_HEAD_DIMS};
+                   FLASHCUTE_HOPPER_DV_PAIRS, FLASHCUTE_HOPPER_FP8_HEAD_DIMS,
+                   FLASHCUTE_AMPERE_SM80_ONLY};
 }
 
 }  // namespace flashcute

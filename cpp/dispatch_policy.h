@@ -28,8 +28,32 @@ struct KernelFamily {
 
 struct KernelCatalogue {
   KernelFamily ampere, hopper;
+  // Ampere-path head dims built without sm90 code (FLASHCUTE_AMPERE_SM90_HEAD_DIMS): an sm90 GPU
+  // cannot run their kernels, so loadable_on() leaves them out there.
+  std::vector<int> ampere_sm80_only;
   const KernelFamily& of(Backend b) const { return b == Backend::kHopper ? hopper : ampere; }
 };
+
+// The kernels a GPU of `capability` runs: on sm90, the Ampere path without its sm80-only head
+// dims (their calls round up to a kernel with sm90 code). Other GPUs load sm80 code or PTX,
+// which every head dim has.
+inline KernelCatalogue loadable_on(const KernelCatalogue& c, int capability) {
+  KernelCatalogue v = c;
+  v.ampere_sm80_only.clear();
+  if (capability != 90) return v;
+  auto drop = [&](std::vector<int>& dims) {
+    dims.erase(std::remove_if(dims.begin(), dims.end(),
+                              [&](int d) {
+                                return std::find(c.ampere_sm80_only.begin(), c.ampere_sm80_only.end(), d) !=
+                                       c.ampere_sm80_only.end();
+                              }),
+               dims.end());
+  };
+  drop(v.ampere.head_dims);
+  drop(v.ampere.backward_head_dims);
+  if (v.ampere.head_dims.empty()) v.ampere.dtypes.clear();
+  return v;
+}
 
 namespace dispatch_detail {
 
@@ -69,9 +93,16 @@ inline int smallest_at_least(const std::vector<int>& compiled, int headdim) {
   return best;
 }
 
-inline bool exact(const KernelCatalogue& c, Backend b, int headdim, bool backward) {
-  const auto& d = dims(c, b, backward);
-  return headdim == 0 || std::find(d.begin(), d.end(), headdim) != d.end();
+// Whether the default path `preferred` keeps a call that the other path runs too. The Hopper
+// path does unless its kernel is more than twice as wide as the Ampere path's: on an H200 it
+// ran hd 32 (on hd 64 kernels) 1.1-1.4x and hd 96 / 192 backward (on 128 / 256) 1.2-1.7x
+// faster than the Ampere path's exact kernels (benchmarks/results/h200-rounded-head-dims.txt).
+// The Ampere path keeps it unless the other kernel is narrower.
+inline bool keeps_default(const KernelCatalogue& c, Backend preferred, int headdim, bool backward) {
+  const int mine = smallest_at_least(dims(c, preferred, backward), headdim);
+  const int theirs = smallest_at_least(dims(c, other(preferred), backward), headdim);
+  if (headdim == 0 || theirs == 0) return true;
+  return preferred == Backend::kHopper ? mine <= 2 * theirs : mine <= theirs;
 }
 
 // Why path `b` cannot run this head dim and dtype in this build, or "" if it can.
@@ -193,20 +224,17 @@ inline Status choose_forward(const KernelCatalogue& c, const KernelQuery& r, Bac
   if (r.headdim != 0 && r.headdim_v != 0 && r.headdim_v != r.headdim)
     return choose_pair(c, r, requested, capability, chosen);
   if (requested == Backend::kAuto) {
-    // The default path, else the other; a path compiling the head dim exactly beats rounding up.
+    // The default path, else the other; the other also where keeps_default says so.
     const Backend preferred = default_backend_of(c, capability);
-    const Backend candidates[] = {preferred, other(preferred)};
-    bool any = false;
-    for (Backend b : candidates) {
-      if (!runs_on(b, capability) || !not_compiled(c, b, r, true).empty()) continue;
-      if (!any) *chosen = b;
-      any = true;
-      if (exact(c, b, r.headdim, r.backward)) {
-        *chosen = b;
-        return Status{};
-      }
+    const bool preferred_runs = runs_on(preferred, capability) && not_compiled(c, preferred, r, true).empty();
+    const bool other_runs =
+        runs_on(other(preferred), capability) && not_compiled(c, other(preferred), r, true).empty();
+    if (preferred_runs || other_runs) {
+      *chosen = preferred_runs && (!other_runs || keeps_default(c, preferred, r.headdim, r.backward))
+                    ? preferred
+                    : other(preferred);
+      return Status{};
     }
-    if (any) return Status{};
     return refuse(std::string("backend='") + name(preferred) + "' (the default on " + sm(capability) +
                   "): " + not_compiled(c, preferred, r, true));
   }
@@ -223,7 +251,7 @@ inline Status choose_forward(const KernelCatalogue& c, const KernelQuery& r, Bac
 }
 
 // The backward: the Hopper path on sm90 where it compiles the head dim (rounded up) and dtype,
-// unless only the Ampere path compiles it exactly; deterministic calls on the Ampere path, whose
+// unless keeps_default() gives it to the Ampere path; deterministic calls on the Ampere path, whose
 // atomic-free design alone is bitwise reproducible.
 inline Status choose_backward(const KernelCatalogue& c, const KernelQuery& r, Backend requested, int capability,
                               Backend* chosen) {
@@ -249,8 +277,7 @@ inline Status choose_backward(const KernelCatalogue& c, const KernelQuery& r, Ba
   if (requested == Backend::kAuto && capability < 80) return too_old(capability);
   if (requested == Backend::kAuto && !r.deterministic && runs_on(Backend::kHopper, capability) &&
       default_backend_of(c, capability) == Backend::kHopper && not_compiled(c, Backend::kHopper, r, true).empty() &&
-      (exact(c, Backend::kHopper, r.headdim, true) || !exact(c, Backend::kAmpere, r.headdim, true) ||
-       !not_compiled(c, Backend::kAmpere, r, true).empty())) {
+      (!not_compiled(c, Backend::kAmpere, r, true).empty() || keeps_default(c, Backend::kHopper, r.headdim, true))) {
     *chosen = Backend::kHopper;
     return Status{};
   }
@@ -281,8 +308,8 @@ inline int64_t hopper_page_box_rows(int kernel_headdim, int64_t page_size) {
 }
 
 // The path a KV-cache call runs on, as a request to choose_forward, and whether it copies the
-// pages: the Hopper path for prefill-sized calls on sm90 where it compiles the head dim (exactly,
-// or the Ampere path does not) and its TMA loads read the pages (paged_kernels.h) or the pages are
+// pages: the Hopper path for prefill-sized calls on sm90 where it compiles the head dim (and
+// keeps_default() keeps it) and its TMA loads read the pages (paged_kernels.h) or the pages are
 // copied; else the Ampere path, which reads every page size. An explicit 'hopper' copies pages its
 // loads cannot read where a workspace is allowed, and is refused for them otherwise.
 inline Status choose_kvcache(const KernelCatalogue& c, const KernelQuery& r, Backend requested, int capability,
@@ -323,8 +350,7 @@ inline Status choose_kvcache(const KernelCatalogue& c, const KernelQuery& r, Bac
     return Status{};
   }
   const bool prefill = r.kv_seqlen_q >= kKvCacheHopperRows;
-  const bool head_dim_fits = exact(c, Backend::kHopper, static_cast<int>(r.headdim), false) ||
-                             !exact(c, Backend::kAmpere, static_cast<int>(r.headdim), false);
+  const bool head_dim_fits = keeps_default(c, Backend::kHopper, static_cast<int>(r.headdim), false);
   const bool hopper = default_backend_of(c, capability) == Backend::kHopper && (pages_fit || copy_pays) &&
                       (!ampere_runs || (prefill && head_dim_fits));
   *path = hopper ? Backend::kHopper : Backend::kAmpere;
@@ -338,6 +364,8 @@ inline Status choose_kvcache(const KernelCatalogue& c, const KernelQuery& r, Bac
 // does (kNotSupported naming the argument; kNoDevice for a GPU older than sm80).
 inline Status choose_kernel_in(const KernelCatalogue& c, const KernelQuery& query, Backend requested, int capability,
                             KernelChoice* choice) {
+  if (!c.ampere_sm80_only.empty())  // kernel_registry.cpp hands over catalogues loadable_on() already
+    return choose_kernel_in(loadable_on(c, capability), query, requested, capability, choice);
   // Head dims as the policy compares them: no kernel is near 2^20, and messages stay readable.
   KernelQuery r = query;
   r.headdim = std::min<int64_t>(std::max<int64_t>(r.headdim, -1), 1 << 20);

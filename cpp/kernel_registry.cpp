@@ -3,6 +3,7 @@
 #include "kernel_registry.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <vector>
 
 namespace flashcute {
@@ -37,6 +38,13 @@ KernelCatalogue make_catalogue() {
 #define FLASHCUTE_LIST_HOPPER_FWD_DV(name, dtype_enum, hd, hdv) add_once(c.hopper.pairs, std::pair<int, int>(hd, hdv));
   FLASHCUTE_FOR_EACH_HOPPER_FWD_DV(FLASHCUTE_LIST_HOPPER_FWD_DV)
 #undef FLASHCUTE_LIST_HOPPER_FWD_DV
+  for (const char* d = FLASHCUTE_AMPERE_SM80_ONLY; *d != '\0';) {  // "32;96;192"
+    char* end = nullptr;
+    const long value = std::strtol(d, &end, 10);
+    if (end == d) break;
+    c.ampere_sm80_only.push_back(static_cast<int>(value));
+    d = *end == ';' ? end + 1 : end;
+  }
   for (KernelFamily* f : {&c.ampere, &c.hopper}) {
     std::sort(f->head_dims.begin(), f->head_dims.end());
     std::sort(f->backward_head_dims.begin(), f->backward_head_dims.end());
@@ -51,6 +59,12 @@ KernelCatalogue make_catalogue() {
 const KernelCatalogue& compiled_kernels() {
   static const KernelCatalogue catalogue = make_catalogue();
   return catalogue;
+}
+
+const KernelCatalogue& compiled_kernels(int capability) {
+  static const KernelCatalogue on_sm90 = loadable_on(compiled_kernels(), 90);
+  static const KernelCatalogue elsewhere = loadable_on(compiled_kernels(), 0);
+  return capability == 90 ? on_sm90 : elsewhere;
 }
 
 FwdLauncher find_fwd_launcher(Backend backend, DType dtype, int kernel_headdim, int kernel_headdim_v) {

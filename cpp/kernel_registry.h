@@ -66,6 +66,8 @@ FLASHCUTE_FOR_EACH_HOPPER_FWD_DV(FLASHCUTE_DECLARE_HOPPER_FWD_DV)
 
 // The kernels this build compiled, as the dispatch policy reads them (dispatch_policy.h).
 const KernelCatalogue& compiled_kernels();
+// Those a GPU of `capability` runs (loadable_on; 0: a GPU not known, taken as sm80).
+const KernelCatalogue& compiled_kernels(int capability);
 
 // The launcher of the compiled kernel of exactly these head dims (a head dim pair kernel of the
 // Hopper path where they differ), or nullptr; dispatch_policy.h picks the head dims.

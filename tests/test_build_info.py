@@ -36,7 +36,9 @@ def test_build_info_keys_and_types():
     assert isinstance(info["cuda_runtime_version"], int)
     assert set(info["backends"]) == {"ampere", "hopper"}
     for backend in info["backends"].values():
-        assert set(backend) == {"head_dims", "backward_head_dims", "dtypes", "head_dim_pairs", "fp8_head_dims"}
+        assert set(backend) == {"head_dims", "backward_head_dims", "dtypes", "head_dim_pairs", "fp8_head_dims",
+                                "sm90_head_dims"}
+        assert set(backend["sm90_head_dims"]) <= set(backend["head_dims"])
         assert all(len(pair) == 2 and all(isinstance(d, int) for d in pair)
                    for pair in backend["head_dim_pairs"])
         assert all(isinstance(d, int) for d in backend["head_dims"])

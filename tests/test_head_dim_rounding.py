@@ -1,7 +1,8 @@
 """Head dims between the compiled ones, without a GPU: which head dims the argument checks
 accept (every multiple of 8 from 8 to 256), and which kernel the dispatch picks for them (the
-smallest compiled head dim at least as large, per path and pass; a head dim that only the
-other path compiles exactly keeps running there)."""
+smallest compiled head dim at least as large, per path and pass; on sm90 the Hopper path keeps
+a call unless its kernel is more than twice as wide as the Ampere path's, and an sm90 GPU runs
+the Ampere path's sm80-only head dims on larger kernels)."""
 
 from __future__ import annotations
 
@@ -84,7 +85,7 @@ def test_kernel_head_dim_is_the_smallest_at_least_as_large(build, backend, backw
 
 
 @pytest.mark.parametrize("capability, headdim, expected", [
-    (90, 32, AMPERE),    # only the Ampere path compiles 32: it keeps running there
+    (90, 32, HOPPER),    # the Hopper path's hd 64, at most twice the Ampere path's 32
     (90, 40, HOPPER),    # no exact kernel anywhere: the default path, hd 64
     (90, 96, HOPPER),
     (90, 200, HOPPER),
@@ -97,10 +98,10 @@ def test_forward_default_backend(build, capability, headdim, expected):
 
 @pytest.mark.parametrize("headdim, deterministic, expected", [
     (64, False, HOPPER),
-    (96, False, AMPERE),   # the Ampere path's own hd 96 rather than the Hopper path's 128
+    (96, False, HOPPER),   # the Hopper path's 128 rather than the Ampere path's own 96
     (80, False, HOPPER),   # neither compiles 80: the Hopper path's 128
     (200, False, HOPPER),
-    (32, False, AMPERE),
+    (32, False, HOPPER),
     (80, True, AMPERE),
 ])
 def test_backward_default_backend(build, headdim, deterministic, expected):
@@ -127,3 +128,59 @@ def test_no_kernel_large_enough(build):
         _dispatch.choose_backward_backend("hopper", 90, headdim=72, dtype="bfloat16")
     with pytest.raises(ValueError, match=r"head dim 72 has no kernel in this build"):
         _dispatch.choose_backward_backend(None, 90, headdim=72, dtype="bfloat16")
+
+
+def test_the_ampere_path_keeps_calls_the_hopper_path_would_run_more_than_twice_as_wide(build):
+    build[("hopper", False)] = build[("hopper", True)] = [256]
+    assert _dispatch.choose_backend(None, 90, headdim=64, dtype="bfloat16") == AMPERE
+    assert _dispatch.choose_backward_backend(None, 90, headdim=64, dtype="bfloat16") == AMPERE
+    assert _dispatch.choose_backend(None, 90, headdim=128, dtype="bfloat16") == HOPPER
+    assert _dispatch.choose_backward_backend(None, 90, headdim=192, dtype="bfloat16") == HOPPER
+
+
+def _kernel(catalogue, backend, capability, headdim, backward=False, deterministic=False):
+    from flashcute import _C
+    code, d, _ = _C._choose_kernel_in(catalogue, backend, capability, headdim, 0, "bfloat16",
+                                      backward, deterministic)
+    return code, d
+
+
+@pytest.mark.parametrize("capability", [80, 86, 90, 100])
+def test_sm80_only_head_dims_round_up_on_sm90_only(capability):
+    """Ampere-path head dims built without sm90 code (FLASHCUTE_AMPERE_SM90_HEAD_DIMS): an
+    sm90 GPU runs them on the next kernel with sm90 code; other GPUs load sm80 code or PTX."""
+    from flashcute import _C
+    dims = [32, 64, 96, 128, 192, 256]
+    catalogue = {
+        "ampere": {"head_dims": dims, "backward_head_dims": dims, "dtypes": ["bfloat16"]},
+        "hopper": {"head_dims": [], "backward_head_dims": [], "dtypes": []},
+        "ampere_sm80_only": [32, 96, 192],
+    }
+    for backend in (_C.BACKEND_AUTO, _C.BACKEND_AMPERE):
+        for headdim, on_sm90 in ((8, 64), (32, 64), (40, 64), (72, 128), (96, 128), (136, 256),
+                                 (192, 256), (256, 256)):
+            plain = next(d for d in dims if d >= headdim)
+            want = on_sm90 if capability == 90 else plain
+            assert _kernel(catalogue, backend, capability, headdim) == (AMPERE, want)
+            assert _kernel(catalogue, backend, capability, headdim, True, True) == (AMPERE, want)
+
+
+def test_sm80_only_head_dims_beside_the_hopper_path():
+    """The default build on an H200: hd 32 / 96 / 192 backward on the Hopper path, deterministic
+    ones on the Ampere path's next kernel with sm90 code."""
+    from flashcute import _C
+    catalogue = {
+        "ampere": {"head_dims": [32, 64, 96, 128, 192, 256],
+                   "backward_head_dims": [32, 64, 96, 128, 192, 256], "dtypes": ["bfloat16"]},
+        "hopper": {"head_dims": [64, 96, 128, 192, 256], "backward_head_dims": [64, 128, 256],
+                   "dtypes": ["bfloat16"]},
+        "ampere_sm80_only": [32, 96, 192],
+    }
+    auto = _C.BACKEND_AUTO
+    assert _kernel(catalogue, auto, 90, 32) == (HOPPER, 64)
+    assert _kernel(catalogue, auto, 90, 96, True) == (HOPPER, 128)
+    assert _kernel(catalogue, auto, 90, 192, True) == (HOPPER, 256)
+    assert _kernel(catalogue, auto, 90, 96, True, True) == (AMPERE, 128)
+    assert _kernel(catalogue, auto, 90, 32, True, True) == (AMPERE, 64)
+    assert _kernel(catalogue, auto, 80, 96, True, True) == (AMPERE, 96)
+    assert _kernel(catalogue, auto, 80, 32) == (AMPERE, 32)

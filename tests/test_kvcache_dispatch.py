@@ -78,10 +78,20 @@ def test_one_path_builds():
     assert choose(ampere_only, seqlen_q=4096, page_size=16) == (AMPERE, 128)
 
 
-def test_a_head_dim_compiled_exactly_on_the_ampere_path_only_stays_there():
+def test_prefill_stays_on_the_hopper_path_up_to_twice_the_ampere_kernel():
     build = {"ampere": dict(BOTH["ampere"], head_dims=[64, 80, 128]), "hopper": BOTH["hopper"]}
-    assert choose(build, seqlen_q=4096, headdim=80) == (AMPERE, 80)
+    assert choose(build, seqlen_q=4096, headdim=80) == (HOPPER, 96)
     assert choose(build, seqlen_q=4096, headdim=128) == (HOPPER, 128)
+    wide = {"ampere": build["ampere"], "hopper": dict(BOTH["hopper"], head_dims=[256])}
+    assert choose(wide, seqlen_q=4096, headdim=80) == (AMPERE, 80)
+    assert choose(wide, seqlen_q=4096, headdim=128) == (HOPPER, 256)
+
+
+def test_decoding_rounds_up_past_sm80_only_head_dims_on_sm90():
+    build = dict(BOTH, ampere_sm80_only=[96, 192])
+    assert choose(build, seqlen_q=1, headdim=96) == (AMPERE, 128)
+    assert choose(build, seqlen_q=1, headdim=96, capability=80) == (AMPERE, 96)
+    assert choose(build, seqlen_q=1, headdim=160, page_size=16) == (AMPERE, 256)
 
 
 MIB = 1 << 20

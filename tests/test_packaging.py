@@ -288,6 +288,33 @@ def test_cuda_arch_request_maps_onto_the_two_paths(tmp_path):
     assert "CUDAARCHS lists 100: flashcute has no kernels for them" in out
 
 
+@pytest.mark.parametrize("ampere_archs, sm90_dims, expected", [
+    ("80;90-real", "64;128;256", "32;96;192"),   # the default build
+    ("80;90-real", "all", ""),
+    ("80;90-real", "32;64;96;128;192;256", ""),
+    ("90", "64;128;256", ""),          # compute_90 PTX, which newer GPUs compile, keeps them all
+    ("80;90-real;90-virtual", "64;128;256", ""),
+    ("80-real;86-real", "64;128;256", ""),  # no sm90 code at all
+    ("80;90a-real", "128", "32;64;96;192;256"),
+])
+def test_ampere_head_dims_without_sm90_code(tmp_path, ampere_archs, sm90_dims, expected):
+    """flashcute_ampere_sm80_only in CMake's script mode: the Ampere-path head dims whose
+    kernels get empty sm90 bodies (FLASHCUTE_AMPERE_SM90_HEAD_DIMS)."""
+    script = tmp_path / "sm80_only.cmake"
+    script.write_text("\n".join([
+        "cmake_minimum_required(VERSION 3.24)",
+        f'include("{(ROOT / "cmake" / "FlashcuteArchs.cmake").as_posix()}")',
+        f'set(FLASHCUTE_AMPERE_ARCHS "{ampere_archs}")',
+        'set(FLASHCUTE_AMPERE_HEAD_DIMS "32;64;96;128;192;256")',
+        f'set(FLASHCUTE_AMPERE_SM90_HEAD_DIMS "{sm90_dims}")',
+        "flashcute_ampere_sm80_only(only)",
+        'message(STATUS "only=[${only}]")',
+    ]) + "\n")
+    code, out = _run([_cmake(), "-P", str(script)])
+    assert code == 0, out
+    assert f"-- only=[{expected}]\n" in out, out
+
+
 @pytest.mark.parametrize("request_, message", [
     ("sm_90", "'sm_90' is not a CUDA architecture"),
     ("70;75", "names no arch flashcute can run on"),

@@ -360,7 +360,8 @@ __global__ void __launch_bounds__(
     BwdDqTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type::kNThreads, 1)
     bwd_dq_kernel(__grid_constant__ const BwdKernelParams params) {
 #if defined(__CUDA_ARCH__)
-  bwd_dq_block<typename BwdDqTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type, kHooks>(params);
+  if constexpr (compiled_for<kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>())
+    bwd_dq_block<typename BwdDqTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type, kHooks>(params);
 #endif
 }
 

@@ -495,8 +495,9 @@ __global__ void __launch_bounds__(
     BwdTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type::kNThreads, 1)
     bwd_kernel(__grid_constant__ const BwdKernelParams params, int pair_begin) {
 #if defined(__CUDA_ARCH__)
-  bwd_block<typename BwdTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type, kAddDq, kGeneral>(params,
-                                                                                                 pair_begin);
+  if constexpr (compiled_for<kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>())
+    bwd_block<typename BwdTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type, kAddDq, kGeneral>(params,
+                                                                                                   pair_begin);
 #endif
 }
 

@@ -123,6 +123,11 @@ Status run_bwd(const BwdKernelParams& call, cudaStream_t stream) {
     }
     if (device < kCachedDevices) tile_arch[device].store(arch, std::memory_order_release);
   }
+  if (arch == 90 && !compiled_for<kHeadDim, 90>())  // the dispatch policy runs a larger kernel instead
+    return make_status(StatusCode::kNotSupported,
+                       "ampere path backward, headdim %d: this build has no sm90 code for it "
+                       "(FLASHCUTE_AMPERE_SM90_HEAD_DIMS)",
+                       kHeadDim);
 
   using Rows = RowwiseShape<kHeadDim>;
   if (params.seqlen_q > 0) {

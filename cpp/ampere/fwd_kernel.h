@@ -447,7 +447,8 @@ __global__ void __launch_bounds__(
     FwdTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type::kNThreads, 1)
     fwd_kernel(__grid_constant__ const FwdKernelParams params) {
 #if defined(__CUDA_ARCH__)
-  fwd_block<typename FwdTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type>(params);
+  if constexpr (compiled_for<kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>())
+    fwd_block<typename FwdTraitsFor<Element, kHeadDim, FLASHCUTE_AMPERE_TILE_ARCH>::type>(params);
 #endif
 }
 
@@ -456,7 +457,7 @@ template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(FwdNarrowTraitsFor<Element, kHeadDim>::type::kNThreads, 1)
     fwd_narrow_kernel(__grid_constant__ const FwdKernelParams params) {
 #if defined(__CUDA_ARCH__) && FLASHCUTE_AMPERE_TILE_ARCH == 90
-  fwd_block<typename FwdNarrowTraitsFor<Element, kHeadDim>::type>(params);
+  if constexpr (compiled_for<kHeadDim, 90>()) fwd_block<typename FwdNarrowTraitsFor<Element, kHeadDim>::type>(params);
 #endif
 }
 

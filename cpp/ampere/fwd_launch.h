@@ -72,6 +72,10 @@ Status resolve_fwd_arch(int* arch_out) {
     if (!prepared.ok()) return prepared;
     if (device < kCachedDevices) tile_arch[device].store(arch, std::memory_order_release);
   }
+  if (arch == 90 && !compiled_for<kHeadDim, 90>())  // the dispatch policy runs a larger kernel instead
+    return make_status(StatusCode::kNotSupported,
+                       "ampere path, headdim %d: this build has no sm90 code for it (FLASHCUTE_AMPERE_SM90_HEAD_DIMS)",
+                       kHeadDim);
   *arch_out = arch;
   return Status{};
 }

@@ -709,9 +709,11 @@ std::tuple<int, int, int> choose_kernel(int backend, int capability, int64_t hea
 }
 
 // A stand-in build's catalogue, for tests of the policy: {"ampere": {...}, "hopper": {...}} with
-// head_dims, backward_head_dims, dtypes and pairs ([d, dv] lists) per path.
+// head_dims, backward_head_dims, dtypes and pairs ([d, dv] lists) per path, and optionally
+// "ampere_sm80_only" (head dims without sm90 code).
 flashcute::KernelCatalogue catalogue_of(const nb::dict& build) {
   flashcute::KernelCatalogue c;
+  if (build.contains("ampere_sm80_only")) c.ampere_sm80_only = nb::cast<std::vector<int>>(build["ampere_sm80_only"]);
   for (auto [name, family] : {std::pair<const char*, flashcute::KernelFamily*>{"ampere", &c.ampere},
                               {"hopper", &c.hopper}}) {
     if (!build.contains(name)) continue;
@@ -957,6 +959,7 @@ NB_MODULE(_C, m) {
     d["hopper_backward_head_dims"] = info.hopper_backward_head_dims;
     d["hopper_dv_pairs"] = info.hopper_dv_pairs;
     d["hopper_fp8_head_dims"] = info.hopper_fp8_head_dims;
+    d["ampere_sm80_only"] = info.ampere_sm80_only;
     d["cuda_runtime_version"] = info.cuda_runtime_version;
     return d;
   });

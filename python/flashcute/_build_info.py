@@ -94,6 +94,11 @@ def _cached_build_info() -> dict[str, Any]:
                 "fp8_head_dims": _head_dims(
                     raw.get(f"{name}_fp8_head_dims", ""), f"{name}_fp8_head_dims"
                 ),
+                # forward head dims with sm90 code (an sm90 GPU runs the others rounded up)
+                "sm90_head_dims": [
+                    d for d in _head_dims(raw[f"{name}_head_dims"], f"{name}_head_dims")
+                    if d not in _head_dims(raw.get(f"{name}_sm80_only", ""), f"{name}_sm80_only")
+                ],
             }
             for name in BACKEND_NAMES
         },
@@ -115,7 +120,8 @@ def build_info() -> dict[str, Any]:
         dim]``: a call whose v head dim differs runs forward on the smallest pair at least as
         large in both, and backward on the Hopper-path backward kernel at least as large as
         both head dims. ``fp8_head_dims`` lists the FP8 (float8_e4m3fn) forward kernels (Hopper
-        path only).
+        path only). ``sm90_head_dims`` lists the head dims an sm90 GPU runs exactly: the Ampere
+        path compiles the others as sm80 code only (``FLASHCUTE_AMPERE_SM90_HEAD_DIMS``).
 
     Raises:
         ImportError: the compiled extension is missing.

@@ -90,8 +90,9 @@ def choose_backend(
 
     With ``requested=None`` the GPU's default backend runs the call; when this build lacks
     kernels for the head dim / dtype there, the other backend does if it has them and runs on
-    this GPU. A head dim that only the other backend compiles exactly runs there too, rather
-    than rounded up to a larger kernel of the default.
+    this GPU. On sm90 the Hopper path keeps a call unless its kernel would be more than twice
+    as wide as the Ampere path's (measured faster up to twice); elsewhere a narrower kernel of
+    the other backend wins over rounding up.
 
     Raises:
         ValueError: an unknown backend name, or a backend that cannot run this GPU, head dim
@@ -114,11 +115,11 @@ def choose_backward_backend(
     """Like ``choose_backend``, for the backward pass.
 
     With ``requested=None``, an sm90 GPU runs the Hopper-path backward where this build has it
-    for the head dim (rounded up) and dtype, unless only the Ampere path compiles that head
-    dim exactly; everything else, and every ``deterministic=True`` call, runs the Ampere path
-    (only its atomic-free design is bitwise reproducible). A call whose v head dim differs
-    runs on the Hopper path only, on a backward kernel at least as large as both head dims
-    (never deterministic: it adds dQ with atomics).
+    for the head dim (rounded up) and dtype, unless its kernel would be more than twice as wide
+    as the Ampere path's; everything else, and every ``deterministic=True`` call, runs the
+    Ampere path (only its atomic-free design is bitwise reproducible). A call whose v head dim
+    differs runs on the Hopper path only, on a backward kernel at least as large as both head
+    dims (never deterministic: it adds dQ with atomics).
 
     Raises:
         ValueError: a backend that cannot run this GPU, head dim or dtype, or

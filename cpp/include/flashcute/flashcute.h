@@ -365,6 +365,8 @@ struct BuildInfo {
   const char* hopper_backward_head_dims;  // Hopper-path backward; other head dims use the Ampere one
   const char* hopper_dv_pairs;  // Hopper-path (head dim, V head dim) pairs, e.g. "192,128", ';'-separated
   const char* hopper_fp8_head_dims;  // Hopper-path FP8 (e4m3) forward head dims, e.g. "64;128;256"
+  const char* ampere_sm80_only;  // Ampere-path head dims without sm90 code, e.g. "32;96;192"; an
+                                // sm90 GPU runs them on a larger kernel
 };
 FLASHCUTE_API BuildInfo build_info();
 
