@@ -188,7 +188,10 @@ def test_sm90_runs_the_hopper_path(build):
     assert _dispatch.choose_backend("hopper", 90, headdim=136, dtype="float16", headdim_v=64) == HOPPER
     assert _dispatch.choose_backward_backend(None, 90, headdim=192, dtype="bfloat16",
                                              headdim_v=128) == HOPPER
-    # Equal head dims keep their usual choice (hd 32: only the Ampere path compiles it).
+    # Equal head dims keep their usual choice (hd 32: the Hopper path's hd 64 kernel, at most
+    # twice the Ampere path's 32; hd 32 beside a Hopper path of hd 256 only: the Ampere path).
+    assert _dispatch.choose_backend(None, 90, headdim=32, dtype="bfloat16", headdim_v=32) == HOPPER
+    build[("hopper", False)] = [256]
     assert _dispatch.choose_backend(None, 90, headdim=32, dtype="bfloat16", headdim_v=32) == AMPERE
 
 
