@@ -25,6 +25,7 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "hopper/bwd_elements.h"
+#include "hopper/gmma_extra_shapes.h"
 #include "hopper/bwd_tma.h"
 
 namespace flashcute::hopper {
@@ -101,13 +102,13 @@ struct BwdTraits {
       SmemLayoutDs{}, make_ordered_layout(Shape<Int<kKeysPerConsumer>, Int<kBlockM>, Int<kConsumers>, _2>{},
                                           Step<_2, _1, _3, _4>{})));
 
-  using TiledMmaSdP = decltype(make_tiled_mma(GMMA::ss_op_selector<
-      ElementQK, ElementQK, float, Shape<Int<kKeysPerConsumer>, Int<kBlockM>, Int<kHeadDim>>>()));
+  using TiledMmaSdP = decltype(make_tiled_mma(ss_gmma_op<
+      ElementQK, ElementQK, Shape<Int<kKeysPerConsumer>, Int<kBlockM>, Int<kHeadDim>>>()));
   using TiledMmaDkv = decltype(make_tiled_mma(GMMA::rs_op_selector<
       ElementP, ElementQK, float, Shape<Int<kKeysPerConsumer>, Int<kHeadDim>, Int<kBlockM>>,
       GMMA::Major::K, GMMA::Major::MN>()));
-  using TiledMmaDq = decltype(make_tiled_mma(GMMA::ss_op_selector<
-      ElementP, ElementQK, float, Shape<Int<kDqRows>, Int<kDqCols>, Int<kKeysPerConsumer>>,
+  using TiledMmaDq = decltype(make_tiled_mma(ss_gmma_op<
+      ElementP, ElementQK, Shape<Int<kDqRows>, Int<kDqCols>, Int<kKeysPerConsumer>>,
       GMMA::Major::MN, GMMA::Major::MN>()));
   using SmemCopyAtomDs = Copy_Atom<SM90_U32x4_STSM_N, ElementP>;       // dSᵀ into its buffer
   using SmemCopyAtomDkv = Copy_Atom<SM90_U32x4_STSM_N, ElementGrad>;  // dK, dV into K's, V's tiles

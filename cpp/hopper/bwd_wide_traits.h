@@ -21,6 +21,7 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "hopper/bwd_elements.h"
+#include "hopper/gmma_extra_shapes.h"
 #include "hopper/bwd_tma.h"
 
 namespace flashcute::hopper {
@@ -109,13 +110,13 @@ struct BwdWideTraits {
   using SmemLayoutPdst = decltype(composition(
       SmemLayoutPds{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, _2>{}, Step<_2, _1, _3>{})));
 
-  using TiledMmaSdP = decltype(make_tiled_mma(GMMA::ss_op_selector<
-      ElementQK, ElementQK, float, Shape<Int<kBlockM>, Int<kKeysPerConsumer>, Int<kHeadDim>>>()));
-  using TiledMmaDkv = decltype(make_tiled_mma(GMMA::ss_op_selector<
-      ElementQK, ElementP, float, Shape<Int<kColsPerConsumer>, Int<kBlockN>, Int<kBlockM>>,
+  using TiledMmaSdP = decltype(make_tiled_mma(ss_gmma_op<
+      ElementQK, ElementQK, Shape<Int<kBlockM>, Int<kKeysPerConsumer>, Int<kHeadDim>>>()));
+  using TiledMmaDkv = decltype(make_tiled_mma(ss_gmma_op<
+      ElementQK, ElementP, Shape<Int<kColsPerConsumer>, Int<kBlockN>, Int<kBlockM>>,
       GMMA::Major::MN, GMMA::Major::MN>()));
-  using TiledMmaDq = decltype(make_tiled_mma(GMMA::ss_op_selector<
-      ElementP, ElementQK, float, Shape<Int<kDqRows>, Int<kDqCols>, Int<kBlockN>>,
+  using TiledMmaDq = decltype(make_tiled_mma(ss_gmma_op<
+      ElementP, ElementQK, Shape<Int<kDqRows>, Int<kDqCols>, Int<kBlockN>>,
       GMMA::Major::K, GMMA::Major::MN>()));
   // stmatrix of P and dS (x4 needs 16 columns per warp and step) and of dKᵀ/dVᵀ, transposed
   // into K's and V's (keys, hd) tiles.

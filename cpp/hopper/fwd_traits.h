@@ -15,6 +15,7 @@
 
 #include "hopper/fwd_config.h"
 #include "hopper/fwd_fp8_scales.h"
+#include "hopper/gmma_extra_shapes.h"
 #include "hopper/tile_scheduler.h"
 
 namespace flashcute::hopper {
@@ -116,7 +117,7 @@ struct FwdTraits {
   static constexpr int kVtElems = kTransposesV ? int(cosize_v<SmemLayoutVtBuffer>) : 8;
 
   using TiledMmaQK = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<ElementQK, ElementQK, float, Shape<Int<kRowsPerConsumer>, Int<kBlockN>, Int<kHeadDim>>>()));
+      ss_gmma_op<ElementQK, ElementQK, Shape<Int<kRowsPerConsumer>, Int<kBlockN>, Int<kHeadDim>>>()));
   using TiledMmaPV = decltype(make_tiled_mma(
       GMMA::rs_op_selector<ElementP, ElementV, float, Shape<Int<kRowsPerConsumer>, Int<kHeadDimV>, Int<kBlockN>>,
                            GMMA::Major::K, kTransposesV ? GMMA::Major::K : GMMA::Major::MN>()));
