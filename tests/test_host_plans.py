@@ -4,7 +4,9 @@
 so that the host API can size workspaces from them) and checks the backward's CTA order.
 ``tests/host_plans/fwd_schedule.cu`` checks the forward's unit decode
 (``cpp/hopper/tile_scheduler.h``) and ``tests/host_plans/fp8_transpose.cu`` the FP8 V
-transpose's unit addresses (``cpp/hopper/fwd_v_transpose_units.h``) as host code: they need nvcc
+transpose's unit addresses (``cpp/hopper/fwd_v_transpose_units.h``) as host code, and
+``tests/host_plans/gmma_shapes.cu`` the WGMMA instructions of the default tiles without CuTe's
+extended shapes (``cpp/hopper/gmma_extra_shapes.h``): they need nvcc
 and the CUTLASS headers (the nvidia-cutlass package, or ``CUTLASS_DIR``) and are skipped without
 them.
 """
@@ -69,12 +71,39 @@ def test_forward_unit_decode(tmp_path):
 
 
 def test_fp8_transpose_addresses(tmp_path):
-    # The tile headers CMake generates, empty: the default tiles.
-    generated = tmp_path / "generated"
-    generated.mkdir()
-    for header in ("hopper_tile_overrides.h", "hopper_fp8_tile_overrides.h"):
-        (generated / header).write_text("#pragma once\n")
+    generated = _empty_tile_overrides(tmp_path)
     _run_cuda_host_check(tmp_path, "fp8_transpose", ["--expt-relaxed-constexpr", f"-I{generated}"])
+
+
+def _empty_tile_overrides(tmp_path: Path) -> Path:
+    """The tile headers CMake generates, empty: the default tiles."""
+    generated = tmp_path / "generated"
+    generated.mkdir(exist_ok=True)
+    for header in ("hopper_tile_overrides.h", "hopper_fp8_tile_overrides.h", "hopper_bwd_tile_overrides.h"):
+        (generated / header).write_text("#pragma once\n")
+    return generated
+
+
+def test_default_tiles_need_no_extended_gmma_shapes(tmp_path):
+    # As the default build compiles the Hopper units: without CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED.
+    generated = _empty_tile_overrides(tmp_path)
+    _run_cuda_host_check(tmp_path, "gmma_shapes", ["--expt-relaxed-constexpr", f"-I{generated}"])
+
+
+def test_tile_override_needing_extended_shapes_is_refused_without_them(tmp_path):
+    # A 144-key block has no WGMMA of that N without CuTe's extended shapes: the traits' assert
+    # stops the build (CMake defines the switch whenever tile overrides are given).
+    nvcc, cutlass = _nvcc(), _cutlass_include()
+    if nvcc is None or cutlass is None:
+        pytest.skip("needs nvcc and the CUTLASS headers (pip install nvidia-cutlass==4.2.0.0)")
+    generated = _empty_tile_overrides(tmp_path)
+    (generated / "hopper_tile_overrides.h").write_text("#pragma once\n#define FLASHCUTE_HOPPER_TILE_128 144, 2, 2\n")
+    build = subprocess.run(
+        [nvcc, "-std=c++17", "--expt-relaxed-constexpr", f"-I{generated}", f"-I{ROOT / 'cpp'}", f"-I{cutlass}",
+         "-c", str(ROOT / "tests/host_plans/gmma_shapes.cu"), "-o", str(tmp_path / "x.o")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+    )
+    assert build.returncode != 0 and "one WGMMA spans each GEMM's N" in build.stdout, build.stdout[-2000:]
 
 
 def test_backward_cta_order(tmp_path):

@@ -110,6 +110,9 @@ struct BwdTraits {
   using TiledMmaDq = decltype(make_tiled_mma(ss_gmma_op<
       ElementP, ElementQK, Shape<Int<kDqRows>, Int<kDqCols>, Int<kKeysPerConsumer>>,
       GMMA::Major::MN, GMMA::Major::MN>()));
+  static_assert(gmma_n_extent<TiledMmaSdP> == kBlockM && gmma_n_extent<TiledMmaDkv> == kHeadDim &&
+                    gmma_n_extent<TiledMmaDq> == kDqCols,
+                "one WGMMA spans each GEMM's N (gmma_extra_shapes.h)");
   using SmemCopyAtomDs = Copy_Atom<SM90_U32x4_STSM_N, ElementP>;       // dSᵀ into its buffer
   using SmemCopyAtomDkv = Copy_Atom<SM90_U32x4_STSM_N, ElementGrad>;  // dK, dV into K's, V's tiles
 

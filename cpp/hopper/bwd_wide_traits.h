@@ -118,6 +118,9 @@ struct BwdWideTraits {
   using TiledMmaDq = decltype(make_tiled_mma(ss_gmma_op<
       ElementP, ElementQK, Shape<Int<kDqRows>, Int<kDqCols>, Int<kBlockN>>,
       GMMA::Major::K, GMMA::Major::MN>()));
+  static_assert(gmma_n_extent<TiledMmaSdP> == kKeysPerConsumer && gmma_n_extent<TiledMmaDkv> == kBlockN &&
+                    gmma_n_extent<TiledMmaDq> == kDqCols,
+                "one WGMMA spans each GEMM's N (gmma_extra_shapes.h)");
   // stmatrix of P and dS (x4 needs 16 columns per warp and step) and of dKᵀ/dVᵀ, transposed
   // into K's and V's (keys, hd) tiles.
   using SmemCopyAtomPds = std::conditional_t<kKeysPerConsumer % 16 == 0, Copy_Atom<SM90_U32x4_STSM_N, ElementP>,

@@ -121,6 +121,8 @@ struct FwdTraits {
   using TiledMmaPV = decltype(make_tiled_mma(
       GMMA::rs_op_selector<ElementP, ElementV, float, Shape<Int<kRowsPerConsumer>, Int<kHeadDimV>, Int<kBlockN>>,
                            GMMA::Major::K, kTransposesV ? GMMA::Major::K : GMMA::Major::MN>()));
+  static_assert(gmma_n_extent<TiledMmaQK> == kBlockN && gmma_n_extent<TiledMmaPV> == kHeadDimV,
+                "one WGMMA spans each GEMM's N (gmma_extra_shapes.h)");
   using SmemCopyAtomO = Copy_Atom<SM90_U32x4_STSM_N, ElementO>;
 
   // Global tensors as TMA sees them: (seqlen, hd, heads, batch), unit stride along hd.

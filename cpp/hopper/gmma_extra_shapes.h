@@ -105,6 +105,10 @@ constexpr auto ss_gmma_op() {
     return cute::SM90::GMMA::ss_op_selector<ElementA, ElementB, float, TileShape, kMajorA, kMajorB>();
 }
 
+// The N extent of a TiledMma's WGMMA instruction: the traits assert that one spans their tile.
+template <class TiledMma>
+constexpr int gmma_n_extent = cute::size<1>(typename TiledMma::Atom::Shape_MNK{});
+
 }  // namespace flashcute::hopper
 
 namespace cute {
