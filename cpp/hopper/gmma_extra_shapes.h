@@ -18,6 +18,16 @@ namespace GMMA = cute::SM90::GMMA;
 template <class Element, int kN, GMMA::Major kMajorA, GMMA::Major kMajorB>
 struct GmmaSmemOp;
 
+// Its registers as CuTe's GMMA unpacking reads them: a descriptor each for A and B, kN / 2
+// accumulators per thread, C and D aliased.
+template <int kN>
+struct GmmaSmemRegisters {
+  using DRegisters = void;
+  using ARegisters = uint64_t[1];
+  using BRegisters = uint64_t[1];
+  using CRegisters = float[kN / 2];
+};
+
 // The accumulator registers as fma's parameters (CuTe passes them one by one), four at a time.
 #define FC_GMMA_REGS4(i) float &d##i##0, float &d##i##1, float &d##i##2, float &d##i##3
 #define FC_GMMA_OUTS4(i) "+f"(d##i##0), "+f"(d##i##1), "+f"(d##i##2), "+f"(d##i##3)
@@ -27,12 +37,7 @@ struct GmmaSmemOp;
       "n"(int32_t(GMMA::ScaleIn::One)), "n"(int32_t(kMajorA)), "n"(int32_t(kMajorB))
 
 template <class Element, GMMA::Major kMajorA, GMMA::Major kMajorB>
-struct GmmaSmemOp<Element, 40, kMajorA, kMajorB> {
-  using DRegisters = void;
-  using ARegisters = uint64_t[1];
-  using BRegisters = uint64_t[1];
-  using CRegisters = float[20];
-
+struct GmmaSmemOp<Element, 40, kMajorA, kMajorB> : GmmaSmemRegisters<40> {
   CUTE_DEVICE static void fma(uint64_t const& desc_a, uint64_t const& desc_b, FC_GMMA_REGS4(0), FC_GMMA_REGS4(1),
                               FC_GMMA_REGS4(2), FC_GMMA_REGS4(3), FC_GMMA_REGS4(4),
                               GMMA::ScaleOut const scale_d = GMMA::ScaleOut::One) {
@@ -53,12 +58,7 @@ struct GmmaSmemOp<Element, 40, kMajorA, kMajorB> {
 };
 
 template <class Element, GMMA::Major kMajorA, GMMA::Major kMajorB>
-struct GmmaSmemOp<Element, 80, kMajorA, kMajorB> {
-  using DRegisters = void;
-  using ARegisters = uint64_t[1];
-  using BRegisters = uint64_t[1];
-  using CRegisters = float[40];
-
+struct GmmaSmemOp<Element, 80, kMajorA, kMajorB> : GmmaSmemRegisters<80> {
   CUTE_DEVICE static void fma(uint64_t const& desc_a, uint64_t const& desc_b, FC_GMMA_REGS4(0), FC_GMMA_REGS4(1),
                               FC_GMMA_REGS4(2), FC_GMMA_REGS4(3), FC_GMMA_REGS4(4), FC_GMMA_REGS4(5),
                               FC_GMMA_REGS4(6), FC_GMMA_REGS4(7), FC_GMMA_REGS4(8), FC_GMMA_REGS4(9),
