@@ -6,7 +6,8 @@ so that the host API can size workspaces from them) and checks the backward's CT
 (``cpp/hopper/tile_scheduler.h``) and ``tests/host_plans/fp8_transpose.cu`` the FP8 V
 transpose's unit addresses (``cpp/hopper/fwd_v_transpose_units.h``) as host code, and
 ``tests/host_plans/gmma_shapes.cu`` the WGMMA instructions of the default tiles without CuTe's
-extended shapes (``cpp/hopper/gmma_extra_shapes.h``): they need nvcc
+extended shapes (``cpp/hopper/gmma_extra_shapes.h``), ``tests/host_plans/gmma_smem_atom.cu`` the
+shared-memory atoms of ``cpp/hopper/gmma_smem_atom.h`` against CUTLASS's selector: they need nvcc
 and the CUTLASS headers (the nvidia-cutlass package, or ``CUTLASS_DIR``) and are skipped without
 them.
 """
@@ -88,6 +89,10 @@ def test_default_tiles_need_no_extended_gmma_shapes(tmp_path):
     # As the default build compiles the Hopper units: without CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED.
     generated = _empty_tile_overrides(tmp_path)
     _run_cuda_host_check(tmp_path, "gmma_shapes", ["--expt-relaxed-constexpr", f"-I{generated}"])
+
+
+def test_smem_atoms_match_cutlass_selector(tmp_path):
+    _run_cuda_host_check(tmp_path, "gmma_smem_atom", ["--expt-relaxed-constexpr"])
 
 
 def test_tile_override_needing_extended_shapes_is_refused_without_them(tmp_path):

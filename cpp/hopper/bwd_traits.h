@@ -21,11 +21,11 @@
 #include <cute/tensor.hpp>
 #include <cute/atom/copy_traits_sm90_tma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
-#include <cutlass/gemm/collective/builders/sm90_common.inl>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "hopper/bwd_elements.h"
 #include "hopper/gmma_extra_shapes.h"
+#include "hopper/gmma_smem_atom.h"
 #include "hopper/bwd_tma.h"
 
 namespace flashcute::hopper {
@@ -74,16 +74,14 @@ struct BwdTraits {
   using TileDq = Shape<Int<kDqRows>, Int<kDqCols>>;
 
   // Q and dO: (rows, hd, stage), head-dim-major and swizzled as WGMMA reads them.
-  using SmemAtomQ = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
-                             GMMA::Major::K, ElementQK, Int<kBlockM>, Int<kHeadDim>>());
+  using SmemAtomQ = decltype(gmma_smem_atom<GMMA::Major::K, ElementQK, kHeadDim>());
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtomQ{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
   // The same buffer as (hd, rows, stage): the MN-major B operand of dK += dSᵀ·Q and dV += Pᵀ·dO.
   using SmemLayoutQt = decltype(composition(
       SmemLayoutQ{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{}, Step<_2, _1, _3>{})));
   // K and V: (64 keys, hd, consumer), each consumer's rows one contiguous tile, so the same
   // layout serves its TMA load, its GEMMs and the dK/dV TMA store.
-  using SmemAtomKV = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
-                              GMMA::Major::K, ElementQK, Int<kKeysPerConsumer>, Int<kHeadDim>>());
+  using SmemAtomKV = decltype(gmma_smem_atom<GMMA::Major::K, ElementQK, kHeadDim>());
   using SmemLayoutKV = decltype(tile_to_shape(
       SmemAtomKV{}, Shape<Int<kKeysPerConsumer>, Int<kHeadDim>, Int<kConsumers>>{}));
   // K as (hd, keys, consumer): the MN-major B operand of dQ = dS·K.
@@ -93,8 +91,7 @@ struct BwdTraits {
   // dS: (query rows, 64 keys, consumer, buffer), rows contiguous: the MN-major A operand of
   // dQ = dS·K. Two buffers, so a consumer writes the next block's dS while the other may still
   // be reading this one.
-  using SmemAtomDs = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
-                              GMMA::Major::MN, ElementP, Int<kBlockM>, Int<kKeysPerConsumer>>());
+  using SmemAtomDs = decltype(gmma_smem_atom<GMMA::Major::MN, ElementP, kBlockM>());
   using SmemLayoutDs = decltype(tile_to_shape(
       SmemAtomDs{}, Shape<Int<kBlockM>, Int<kKeysPerConsumer>, Int<kConsumers>, _2>{}));
   // The same buffer as (keys, rows, consumer, buffer): how a consumer's dSᵀ registers land.

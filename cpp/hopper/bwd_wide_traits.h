@@ -17,11 +17,11 @@
 #include <cute/tensor.hpp>
 #include <cute/atom/copy_traits_sm90_tma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
-#include <cutlass/gemm/collective/builders/sm90_common.inl>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "hopper/bwd_elements.h"
 #include "hopper/gmma_extra_shapes.h"
+#include "hopper/gmma_smem_atom.h"
 #include "hopper/bwd_tma.h"
 
 namespace flashcute::hopper {
@@ -70,8 +70,7 @@ struct BwdWideTraits {
 
   // Q and dO: (rows, hd, stage), head-dim-major and swizzled as WGMMA reads them; the (hd, rows,
   // stage) view is the MN-major A operand of dKᵀ += Qᵀ·dS and dVᵀ += dOᵀ·P.
-  using SmemAtomQ = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
-                             GMMA::Major::K, ElementQK, Int<kBlockM>, Int<kHeadDim>>());
+  using SmemAtomQ = decltype(gmma_smem_atom<GMMA::Major::K, ElementQK, kHeadDim>());
   template <int kN>
   using SmemLayoutRows = decltype(tile_to_shape(SmemAtomQ{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kN>>{}));
   template <int kN>
@@ -92,8 +91,7 @@ struct BwdWideTraits {
   using SmemLayoutDot = SmemLayoutRowsT<kDoStages>;
   // K and V: (keys, hd, 1) (the last mode numbers the CTA's key tiles, as the producer and the
   // launcher expect); (hd, keys, 1) is the MN-major B operand of dQ = dS·K.
-  using SmemAtomKV = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
-                              GMMA::Major::K, ElementQK, Int<kBlockN>, Int<kHeadDim>>());
+  using SmemAtomKV = decltype(gmma_smem_atom<GMMA::Major::K, ElementQK, kHeadDim>());
   using SmemLayoutKV = decltype(tile_to_shape(SmemAtomKV{}, Shape<Int<kBlockN>, Int<kHeadDim>, _1>{}));
   using SmemLayoutKt = decltype(composition(
       SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, _1>{}, Step<_2, _1, _3>{})));

@@ -10,12 +10,12 @@
 #include <cute/tensor.hpp>
 #include <cute/atom/copy_traits_sm90_tma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
-#include <cutlass/gemm/collective/builders/sm90_common.inl>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "hopper/fwd_config.h"
 #include "hopper/fwd_fp8_scales.h"
 #include "hopper/gmma_extra_shapes.h"
+#include "hopper/gmma_smem_atom.h"
 #include "hopper/tile_scheduler.h"
 
 namespace flashcute::hopper {
@@ -89,12 +89,9 @@ struct FwdTraits {
   using TileS = Shape<Int<kRowsPerConsumer>, Int<kBlockN>>;
 
   // Head-dim-major tiles, swizzled as WGMMA reads them (128-byte swizzle where hd allows).
-  using SmemAtomQK = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
-                              GMMA::Major::K, ElementQK, Int<kBlockN>, Int<kHeadDim>>());
-  using SmemAtomV = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
-                             GMMA::Major::K, ElementV, Int<kBlockN>, Int<kHeadDimV>>());
-  using SmemAtomO = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
-                             GMMA::Major::K, ElementO, Int<kBlockN>, Int<kHeadDimV>>());
+  using SmemAtomQK = decltype(gmma_smem_atom<GMMA::Major::K, ElementQK, kHeadDim>());
+  using SmemAtomV = decltype(gmma_smem_atom<GMMA::Major::K, ElementV, kHeadDimV>());
+  using SmemAtomO = decltype(gmma_smem_atom<GMMA::Major::K, ElementO, kHeadDimV>());
   // Q: (64 rows, hd, consumer): each consumer's rows are one contiguous block, so the O tile
   // a consumer writes in its epilogue never overlaps rows another consumer still reads.
   using SmemLayoutQ = decltype(tile_to_shape(
@@ -110,8 +107,7 @@ struct FwdTraits {
   using SmemLayoutVtView = decltype(composition(
       SmemLayoutV{}, make_ordered_layout(Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{},
                                          Step<_2, _1, _3>{})));
-  using SmemAtomVt = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
-                              GMMA::Major::K, ElementV, Int<kHeadDimV>, Int<kBlockN>>());
+  using SmemAtomVt = decltype(gmma_smem_atom<GMMA::Major::K, ElementV, kBlockN>());
   using SmemLayoutVtBuffer = decltype(tile_to_shape(SmemAtomVt{}, Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{}));
   using SmemLayoutVt = std::conditional_t<kTransposesV, SmemLayoutVtBuffer, SmemLayoutVtView>;
   static constexpr int kVtElems = kTransposesV ? int(cosize_v<SmemLayoutVtBuffer>) : 8;

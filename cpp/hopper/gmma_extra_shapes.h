@@ -6,6 +6,7 @@
 
 #include <type_traits>
 
+#include <cute/arch/mma_sm90.hpp>  // GMMA::ss_op_selector
 #include <cute/arch/mma_sm90_gmma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cutlass/numeric_types.h>
