@@ -32,6 +32,14 @@ def main() -> None:
     for name, e in rows:
         print(f"| {name} | {e['rmse']:.4f} | {e['cosine']:.5f} | {e['rel_l1']:.4f} | "
               f"{e['rmse'] / best:.2f} |")
+    # The same ratio with V or P left exact: the part of it that Q's and K's rounding sets.
+    print("\n| rounded | (a) RMSE | (c) RMSE | (a) ÷ (c) |\n|---|---|---|---|")
+    for label, round_v, round_p in (("Q, K, V, P", True, True), ("Q, K, V", True, False),
+                                    ("Q, K, P", False, True), ("Q, K", False, False)):
+        a, c = (r.errors(r.attention_fp8(q, k, v, granularity=g, hadamard_seed=h, causal=args.causal,
+                                         round_v=round_v, round_p=round_p), exact)["rmse"]
+                for g, h in (("tensor", None), ("block", 7)))
+        print(f"| {label} | {a:.4f} | {c:.4f} | {a / c:.2f} |")
 
 
 if __name__ == "__main__":

@@ -115,3 +115,20 @@ def test_errors_of_identical_arrays():
     x = np.random.default_rng(7).standard_normal(50)
     e = r.errors(x, x)
     assert e["rmse"] == 0.0 and e["rel_l1"] == 0.0 and e["cosine"] == pytest.approx(1.0)
+
+
+def test_exact_v_and_p_leave_only_q_and_k_rounded():
+    shape = (1, 200, 2, 64)
+    q, k, v = (r.outlier_inputs(shape, seed) for seed in (11, 12, 13))
+    (q8, qd), (k8, kd) = (r.quantize(x, "block") for x in (q, k))
+    q_rounded = q8 * r._row_descales(qd, 1, 200, 2)[..., None]
+    k_rounded = k8 * r._row_descales(kd, 1, 200, 2)[..., None]
+    for causal in (False, True):
+        only_qk = r.attention_fp8(q, k, v, granularity="block", causal=causal, round_v=False, round_p=False)
+        np.testing.assert_allclose(only_qk, r.attention(q_rounded, k_rounded, v, causal=causal), rtol=1e-12, atol=1e-12)
+        # Each further rounding moves the result.
+        every = r.attention_fp8(q, k, v, granularity="block", causal=causal)
+        with_v = r.attention_fp8(q, k, v, granularity="block", causal=causal, round_p=False)
+        with_p = r.attention_fp8(q, k, v, granularity="block", causal=causal, round_v=False)
+        for other in (every, with_v, with_p):
+            assert np.abs(other - only_qk).max() > 1e-4

@@ -141,20 +141,27 @@ def _attend(
 def attention_fp8(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, *, granularity: Granularity = "head",
     hadamard_seed: int | None = None, causal: bool = False, softmax_scale: float | None = None,
+    round_v: bool = True, round_p: bool = True,
 ) -> np.ndarray:
     """What an FP8 forward computes, with its roundings only: Q and K (Hadamard-rotated with
     ``hadamard_seed`` when given) and V quantized to e4m3 at ``granularity``, scores from the
-    rounded values times their descales, P rounded to e4m3 after scaling by ``P_SCALE``."""
+    rounded values times their descales, P rounded to e4m3 after scaling by ``P_SCALE``.
+    ``round_v`` / ``round_p`` False leave V / P exact: what each rounding adds to the error."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     scale = 1.0 / np.sqrt(q.shape[-1]) if softmax_scale is None else softmax_scale
     if hadamard_seed is not None:
         q, k = hadamard(q, hadamard_seed), hadamard(k, hadamard_seed)
-    (q8, qd), (k8, kd), (v8, vd) = (quantize(x, granularity) for x in (q, k, v))
+    (q8, qd), (k8, kd) = (quantize(x, granularity) for x in (q, k))
     b, sq, h, _ = q.shape
     sk, hk = k.shape[1], k.shape[2]
+    if round_v:
+        v8, vd = quantize(v, granularity)
+        v_rows = _row_descales(vd, b, sk, hk)
+    else:
+        v8, v_rows = v, np.ones((b, sk, hk))
     q_rows = _row_descales(qd, b, sq, h)
-    return _attend(q8 * q_rows[..., None], k8, v8, _row_descales(kd, b, sk, hk),
-                   _row_descales(vd, b, sk, hk), causal, scale, P_SCALE)
+    return _attend(q8 * q_rows[..., None], k8, v8, _row_descales(kd, b, sk, hk), v_rows, causal, scale,
+                   P_SCALE if round_p else None)
 
 
 def outlier_inputs(
