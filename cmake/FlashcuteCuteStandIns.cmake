@@ -2,10 +2,10 @@
 #
 # cute/atom/mma_atom.hpp and copy_atom.hpp include the MMA and copy traits of every arch (SM90
 # double precision and sparse WGMMA, SM100, SM120, ...), which every translation unit then
-# parses: about 6 s of front end per unit and arch on CI's machine. A library's include path
+# parses: 4-6 s of front end per unit and arch on CI's machine. A library's include path
 # starts with a folder of empty files of those names. A unit that needs one of them fails to
-# compile rather than miscompile; the default build's kernels compile to the same fatbins with
-# and without them (benchmarks/BUILD.md).
+# compile rather than miscompile; the default build's kernels compile to the same SASS with and
+# without them (benchmarks/BUILD.md), and so do tile overrides with CuTe's extended WGMMA shapes.
 function(flashcute_cute_stand_ins target)
   set(dir ${CMAKE_CURRENT_BINARY_DIR}/cute_stand_ins/${target})
   foreach(header IN LISTS ARGN)
