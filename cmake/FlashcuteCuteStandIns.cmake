@@ -5,7 +5,8 @@
 # parses: 4-6 s of front end per unit and arch on CI's machine. A library's include path
 # starts with a folder of empty files of those names. A unit that needs one of them fails to
 # compile rather than miscompile; the default build's kernels compile to the same SASS with and
-# without them (benchmarks/BUILD.md), and so do tile overrides with CuTe's extended WGMMA shapes.
+# without them (benchmarks/BUILD.md); tile overrides that enable CuTe's extended WGMMA shapes
+# compile with them too.
 function(flashcute_cute_stand_ins target)
   set(dir ${CMAKE_CURRENT_BINARY_DIR}/cute_stand_ins/${target})
   foreach(header IN LISTS ARGN)
