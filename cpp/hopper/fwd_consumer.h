@@ -141,7 +141,12 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
     // kLeanState: they wait in shared memory, a copy per warp, and each key block reads its
     // part there (held in registers through the key blocks, they spilled).
     Fp8TileScales scales{};
-    if constexpr (kFp8) scales = Fp8TileScales::of(args, tile.batch, tile.head, consumer_row0, hook.active());
+    float v_part = 0.f;
+    if constexpr (kFp8) {
+      scales = Fp8TileScales::of(args, tile.batch, tile.head, consumer_row0, hook.active(), v_part);
+      // kLeanState: v_ref at once (a part held to the first block spilled the consumers).
+      if (Traits::kLeanState && scales.v_blocks != nullptr) scales.set_v_ref(Fp8TileScales::reduce_v_ref(v_part));
+    }
     auto stash_slot = [&] { return opaque_consumer_thread() / 32 + 4 * consumer; };
     if constexpr (Traits::kLeanState) {
       __syncwarp();  // the previous tile's reads are done
@@ -151,6 +156,13 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
     auto tile_scales = [&]() -> Fp8TileScales const& {
       if constexpr (Traits::kLeanState) return storage.fp8_scales[stash_slot()];
       else return scales;
+    };
+    // V block descales: v_ref completed where the tile's first GEMMs are issued (or where the
+    // consumer has none), before any P or O takes it.
+    auto settle_v_ref = [&] {
+      if constexpr (kFp8 && !Traits::kLeanState) {
+        if (scales.v_blocks != nullptr) scales.set_v_ref(Fp8TileScales::reduce_v_ref(v_part));  // uniform
+      }
     };
     OnlineSoftmax<kThreadRows, kFp8> softmax(kFp8 ? args.scale_log2 * scales.qk : args.scale_log2);
     clear(acc_o);
@@ -174,11 +186,17 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
       if constexpr (!kFp8) drop_weights(args, tile, p_operand.regs, score_offsets_rc, my_row, n * kBlockN + thread_col);
     };
 
-    // 8-bit: key block n's descales (read when its GEMMs are issued) on its raw scores and its
-    // P scale, before the hook.
+    // 8-bit: key block n's descales (fwd_fp8_scales.h) on its raw scores and its P scale, before
+    // the hook. Loaded before the block's pipeline waits; where the consumers keep 240
+    // registers (kLeanState), once its GEMMs are issued (earlier measured slower there).
     using Fp8Block = Fp8TileScales::Block;
-    auto fp8_block = [&](int n) {
-      if constexpr (kFp8) return tile_scales().block(n, kBlockN);
+    using Fp8Raw = Fp8TileScales::Raw;
+    auto fp8_raw = [&](int n) {
+      if constexpr (kFp8) return tile_scales().raw(n, kBlockN);
+      else return Fp8Raw{};
+    };
+    auto fp8_block = [&](Fp8Raw const& raw) {
+      if constexpr (kFp8) return tile_scales().block(raw);
       else return Fp8Block{};
     };
     // Returns the factor left on the scores: where `fold` (8-bit unmasked blocks' exp2 takes
@@ -225,11 +243,15 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
       {
         AccS acc_s;
         float correction[kThreadRows];
+        Fp8Raw raw{};
+        if constexpr (!Traits::kLeanState) raw = fp8_raw(n);
         pipeline_k.consumer_wait(k_state);
         turns.wait();
         wgmma_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
         turns.pass();
-        const Fp8Block factors = fp8_block(n);
+        settle_v_ref();
+        if constexpr (Traits::kLeanState) raw = fp8_raw(n);
+        const Fp8Block factors = fp8_block(raw);
         if (!skips) epilogue.release_previous_o(iteration);
         warpgroup_wait<0>();
         scores_done(acc_s, factors, n, mine.needs_mask(n), correction);  // acc_o is still zero
@@ -251,13 +273,16 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
       auto step = [&](int n, auto masked) {
         AccS acc_s;
         float correction[kThreadRows];
+        Fp8Raw raw{};
+        if constexpr (!Traits::kLeanState) raw = fp8_raw(n);
         pipeline_k.consumer_wait(k_state);
         pipeline_v.consumer_wait(v_state);
         turns.wait();
         wgmma_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
         wgmma_issue<false>(mma_pv, tOrP, tOrV(_, _, _, v_state.index()), acc_o);
         turns.pass();
-        const Fp8Block factors = fp8_block(n);
+        if constexpr (Traits::kLeanState) raw = fp8_raw(n);
+        const Fp8Block factors = fp8_block(raw);
         warpgroup_wait<1>();
         // Unmasked blocks keep the row max where the weights stay small (online_softmax.h);
         // otherwise S is computed again and goes through the full update (8-bit: per row,
@@ -341,6 +366,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
       }
       if constexpr (!Traits::kOAliasesQ) storage.q_empty.arrive();
       if (!skips) epilogue.release_previous_o(iteration);
+      settle_v_ref();
     }
 
     // A piece of a split tile leaves its state; the CTA whose piece finishes the tile merges

@@ -37,8 +37,13 @@ struct Fp8TileScales {
   float v_inv_ref;   // 1 / v_ref
   float o_factor;    // v_ref / 256
 
-  // `hooked`: the score hook is on, so the scores must be true ones.
-  CUTE_DEVICE static Fp8TileScales of(FwdKernelParams const& a, int batch, int head, int consumer_row0, bool hooked) {
+  // `hooked`: the score hook is on, so the scores must be true ones. With V block descales,
+  // v_part returns this lane's part of v_ref (the largest of the head's V block descales, each
+  // warp on its own): reduce_v_ref() finishes it once the first key block's GEMMs are issued,
+  // so that the loads' latency passes under the tile's first waits. Until then v_inv_ref and
+  // o_factor are unset.
+  CUTE_DEVICE static Fp8TileScales of(FwdKernelParams const& a, int batch, int head, int consumer_row0, bool hooked,
+                                      float& v_part) {
     const int kv_head = head / a.heads_per_kv;
     auto read = [](const float* p) { return p == nullptr ? 1.f : __ldg(p); };
     const float* q = a.q_descale == nullptr ? nullptr
@@ -59,34 +64,50 @@ struct Fp8TileScales {
     const bool v_blocks = v != nullptr && a.v_descale_block_stride != 0;
     s.v_blocks = v_blocks ? v : nullptr;
     s.v_block_stride = a.v_descale_block_stride;
-    float v_ref = read(v);
+    v_part = 0.f;
     if (v_blocks) {
-      // The largest block descale of the head, each warp on its own (no barrier).
       const int blocks = (a.seqlen_k + kFp8Block - 1) / kFp8Block;
-      const int lane = threadIdx.x % 32;
-      v_ref = 0.f;
-      for (int i = lane; i < blocks; i += 32) v_ref = fmaxf(v_ref, __ldg(v + i * a.v_descale_block_stride));
-      CUTE_UNROLL
-      for (int offset = 16; offset > 0; offset /= 2) v_ref = fmaxf(v_ref, __shfl_xor_sync(0xffffffff, v_ref, offset));
-      v_ref = fmaxf(v_ref, kFp8MinRatio);
+      for (int i = threadIdx.x % 32; i < blocks; i += 32) v_part = fmaxf(v_part, __ldg(v + i * a.v_descale_block_stride));
+    } else {
+      s.set_v_ref(read(v));
     }
-    s.v_inv_ref = 1.f / v_ref;
-    s.o_factor = v_ref * (1.f / 256.f);
     return s;
   }
 
+  // The warp's v_ref from its lanes' parts (all lanes of the warp call it).
+  CUTE_DEVICE static float reduce_v_ref(float v_part) {
+    CUTE_UNROLL
+    for (int offset = 16; offset > 0; offset /= 2) v_part = fmaxf(v_part, __shfl_xor_sync(0xffffffff, v_part, offset));
+    return fmaxf(v_part, kFp8MinRatio);
+  }
+  CUTE_DEVICE void set_v_ref(float v_ref) {
+    v_inv_ref = 1.f / v_ref;
+    o_factor = v_ref * (1.f / 256.f);
+  }
+
   // Key block n's factors: its scores' multiplier (when `multiplies`) and P's scale as
-  // OnlineSoftmax<kRows, true> takes it. Read where a block's GEMMs are issued, so that the
-  // loads' latency passes under them.
+  // OnlineSoftmax<kRows, true> takes it. The block descales are loaded (raw) ahead of their
+  // use and turned into factors once the block's GEMMs are issued, so that the loads' latency
+  // passes under the pipeline waits and the GEMMs (fwd_consumer.h).
+  struct Raw {
+    float k, v;
+  };
   struct Block {
     float s_factor, p_log2, p_inv;
   };
-  CUTE_DEVICE Block block(int n, int block_n) const {
+  CUTE_DEVICE Raw raw(int n, int block_n) const {
+    // Element offsets in 32 bits: a descale tensor holds far fewer than 2^31 floats.
     const int i = n * block_n / kFp8Block;
+    Raw r{1.f, 1.f};
+    if (k_blocks != nullptr) r.k = __ldg(k_blocks + i * int(k_block_stride));
+    if (v_blocks != nullptr) r.v = __ldg(v_blocks + i * int(v_block_stride));
+    return r;
+  }
+  CUTE_DEVICE Block block(Raw const& r) const {
     Block b{s_head, kFp8PScaleLog2, 1.f / 256.f};
-    if (k_blocks != nullptr) b.s_factor *= __ldg(k_blocks + i * k_block_stride);
+    if (k_blocks != nullptr) b.s_factor *= r.k;
     if (v_blocks != nullptr) {
-      const float ratio = fmaxf(__ldg(v_blocks + i * v_block_stride) * v_inv_ref, kFp8MinRatio);
+      const float ratio = fmaxf(r.v * v_inv_ref, kFp8MinRatio);
       b.p_log2 += __log2f(ratio);
       b.p_inv = fast_exp2(-b.p_log2);  // 1 / (256 · ratio) as P takes it, without a division
     }
