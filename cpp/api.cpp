@@ -191,8 +191,8 @@ static_assert(kFp8Block == kFp8DescaleBlock, "the kernels' descale block is the 
 
 bool is_fp8(const AttentionForwardParams& p) { return p.dtype == DType::kFloat8E4M3; }
 
-// FP8's descales: only with e4m3 inputs, 4-byte aligned, strides >= 0, per head in
-// variable-length batches; no dropout.
+// FP8's descales: only with e4m3 inputs, 4-byte aligned, strides >= 0, K's and V's last block
+// within 32 bits of their start, per head in variable-length batches; no dropout.
 Status check_fp8(const AttentionForwardParams& p) {
   const bool any = p.q_descale != nullptr || p.k_descale != nullptr || p.v_descale != nullptr;
   if (!is_fp8(p)) {
@@ -209,6 +209,11 @@ Status check_fp8(const AttentionForwardParams& p) {
   if (varlen(p) && (p.q_descale_block_stride != 0 || p.k_descale_block_stride != 0 || p.v_descale_block_stride != 0))
     return invalid("q_descale, k_descale, v_descale: variable-length batches take per-head descales "
                    "(block strides of 0)");
+  // The kernels address K's and V's block descales with 32-bit products (block · block stride).
+  const int64_t last_k_block = (p.seqlen_k + kFp8DescaleBlock - 1) / kFp8DescaleBlock - 1;
+  for (int64_t stride : {p.k_descale_block_stride, p.v_descale_block_stride})
+    if (last_k_block > 0 && stride > std::numeric_limits<int32_t>::max() / last_k_block)
+      return invalid("k_descale, v_descale: block stride too large (the last block's offset must fit in 32 bits)");
   if (p.dropout_p > 0.f) return invalid("dropout_p: float8_e4m3fn calls have no dropout");
   if (p.out_dtype != DType::kBFloat16 && p.out_dtype != DType::kFloat16)
     return invalid("out_dtype: expected bfloat16 or float16 for float8_e4m3fn inputs");

@@ -146,6 +146,22 @@ def test_descale_errors(args, error, match):
         _descales(*args)
 
 
+def test_block_descale_offsets_fit_32_bits():
+    """K's and V's block descales are addressed with 32-bit products: a view whose last block
+    lies 2**31 elements or more from its head's start is refused; the same shape, contiguous, and
+    a q descale with the same stride are not."""
+    k = _info("k_descale", (2, 2, 2))
+    q = _info("q_descale", (2, 8, 3))
+    v = _info("v_descale", (2, 2, 2))
+    _descales(q, k, v)
+    wide = _Info("v_descale", 2, 0, "float32", (2, 2, 2), (4, 2, 2**31))
+    with pytest.raises(ValueError, match=r"v_descale: block stride 2147483648 puts block 1 at element"):
+        _descales(q, k, wide)
+    edge = _Info("k_descale", 2, 0, "float32", (2, 2, 2), (4, 2, 2**31 - 1))
+    _descales(q, edge, v)
+    _descales(_Info("q_descale", 2, 0, "float32", (2, 8, 3), (24, 3, 2**31)), k, v)
+
+
 def test_varlen_descales_are_per_head():
     modes, _ = _descales(_info("k_descale", (2, 2)), varlen=True)
     with pytest.raises(ValueError, match="variable-length batches take per-head descales"):

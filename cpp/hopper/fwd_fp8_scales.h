@@ -96,7 +96,7 @@ struct Fp8TileScales {
     float s_factor, p_log2, p_inv;
   };
   CUTE_DEVICE Raw raw(int n, int block_n) const {
-    // Element offsets in 32 bits: a descale tensor holds far fewer than 2^31 floats.
+    // 32-bit products: the API refuses block strides that would take the last block past them.
     const int i = n * block_n / kFp8Block;
     Raw r{1.f, 1.f};
     if (k_blocks != nullptr) r.k = __ldg(k_blocks + i * int(k_block_stride));

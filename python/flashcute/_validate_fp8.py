@@ -20,6 +20,8 @@ FP8_OUT_DTYPES = ("bfloat16", "float16")
 #: for every head dim: the kernels' too (cpp/kernel_params.h, cpp/quantize_fp8.h), and
 #: ``reference_fp8.FP8_BLOCK``, which stays numpy-only.
 FP8_BLOCK = 128
+#: The largest element offset of a K or V block descale from its (batch, head) start.
+_MAX_BLOCK_OFFSET = 2**31 - 1
 
 
 def fp8_dtype_name(x: Any) -> Optional[str]:
@@ -100,6 +102,14 @@ def _check_descale(
             f"{info.name}: expected shape {' or '.join(shapes)} ({batch_name}, heads ({head_text})"
             f"{'' if varlen else ', blocks of 128 rows'}){where}, got {_fmt(info.shape)}"
         )
+    if len(info.shape) == 3 and info.name != "q_descale":
+        # The kernels address K's and V's block descales with 32-bit products (block · stride).
+        last = (info.shape[2] - 1) * info.strides[2]
+        if last > _MAX_BLOCK_OFFSET:
+            raise ValueError(
+                f"{info.name}: block stride {info.strides[2]} puts block {info.shape[2] - 1} at element "
+                f"{last}, past the kernels' 32-bit offsets ({_MAX_BLOCK_OFFSET}); pass a contiguous descale"
+            )
     return "block" if len(info.shape) == 3 else "head"
 
 
