@@ -106,7 +106,8 @@ struct OnlineSoftmax {
   // exp2 costs the same pass over the block as this search of the raw scores.
   // Returns whether any of this thread's rows took a new max (correction[] then applies).
   static constexpr float kNearMaxLog2 = 8.8f;
-  template <class Scores>
+  // kTreeMax: the row's max over eight running maxima (row_max_of) rather than one chain.
+  template <bool kTreeMax, class Scores>
   CUTE_DEVICE bool update_near_kept_max(Scores& scores_rc, float (&correction)[kRows], float score_factor) {
     static_assert(kScaledP && decltype(cute::size<0>(scores_rc))::value == kRows);
     const float score_scale = scale_log2 * score_factor;
@@ -114,8 +115,12 @@ struct OnlineSoftmax {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       float block_max = -INFINITY;
-      CUTE_UNROLL
-      for (int c = 0; c < cute::size<1>(scores_rc); ++c) block_max = fmaxf(block_max, scores_rc(r, c));
+      if constexpr (kTreeMax) {
+        block_max = row_max_of(scores_rc, r);
+      } else {
+        CUTE_UNROLL
+        for (int c = 0; c < cute::size<1>(scores_rc); ++c) block_max = fmaxf(block_max, scores_rc(r, c));
+      }
       const float true_max = quad_allreduce_max(block_max) * score_factor;
       correction[r] = 1.f;
       // Also where the row had no max yet (-inf); a block of -inf scores leaves it so.
@@ -129,6 +134,21 @@ struct OnlineSoftmax {
       row_sum[r] += weights_to_sum(exp2_row(scores_rc, r, max_scaled - p_bias(), score_scale));
     }
     return moved;
+  }
+
+  // The largest of row r's scores, over eight running maxima: shorter than a chain of one
+  // comparison per score, for eight more registers.
+  template <class Scores>
+  CUTE_DEVICE static float row_max_of(Scores const& scores_rc, int r) {
+    constexpr int kCols = decltype(cute::size<1>(scores_rc))::value;
+    static_assert(kCols % 8 == 0);
+    float part[8];
+    CUTE_UNROLL
+    for (int i = 0; i < 8; ++i) part[i] = scores_rc(r, i);
+    CUTE_UNROLL
+    for (int c = 8; c < kCols; ++c) part[c % 8] = fmaxf(part[c % 8], scores_rc(r, c));
+    return fmaxf(fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3])),
+                 fmaxf(fmaxf(part[4], part[5]), fmaxf(part[6], part[7])));
   }
 
   CUTE_DEVICE void add_block_sums(const float (&block_sum)[kRows]) {

@@ -1,24 +1,22 @@
 // Consumer warpgroups of the Hopper-path forward: S = Q·Kᵀ and O += P·V with WGMMA, online
 // softmax in registers, then the epilogue.
 //
-// Inside a warpgroup the GEMMs of block n-1 overlap the softmax of block n: S(n-1) and
-// P(n)·V(n) are issued together, the softmax of S(n-1) runs once S is back while P·V is
-// still in flight, and O is rescaled after it lands. Between warpgroups, MmaTurns orders the
-// issue so their GEMM phases alternate. The blocks that need the mask (sequence tail, causal
-// diagonal, window's right side) come first and run in their own loop, those on the window's
-// left side last (mask.h); the bulk runs without mask code and keeps
-// each row's max while the weights stay small (online_softmax.h): no max search, no O rescale.
-// Where any thread of a warpgroup finds them too large, the warpgroup computes S again and
-// takes the full update. 8-bit tiles, which check every weight anyway, search each row's raw
-// scores instead and update only the rows whose max moved, without S again or a barrier. The
-// score hook (softcap, ALiBi) runs on S before all of this; dropout
-// (dropout.h) zeroes weights of P after the row sums have taken them, and O is scaled by
-// 1 / (1 - p) where it is normalized. Key blocks that none of a consumer's rows can see are
-// skipped by that consumer alone. A piece of a
-// split tile (fwd_tail_split.h) runs its own key blocks and leaves its state; the CTA whose
-// piece finishes a tile merges and stores it once its own pieces are done (few-row tiles: all
-// consumer threads together, without the epilogue). In a variable-length batch the mask is
-// the tile's sequence's (seq_view.h).
+// Inside a warpgroup the GEMMs of block n-1 overlap the softmax of block n: S(n-1) and P(n)·V(n)
+// are issued together, the softmax of S(n-1) runs once S is back while P·V is still in flight, and
+// O is rescaled after it lands. Between warpgroups, MmaTurns orders the issue so their GEMM phases
+// alternate (not on the hd-128 8-bit tile: fwd_traits.h). The blocks that need the mask (sequence
+// tail, causal diagonal, window's right side) come first and run in their own loop, those on the
+// window's left side last (mask.h); the bulk runs without mask code and keeps each row's max while
+// the weights stay small (online_softmax.h): no max search, no O rescale. Where any thread of a
+// warpgroup finds them too large, the warpgroup computes S again and takes the full update. 8-bit
+// tiles, which check every weight anyway, search each row's raw scores instead and update only the
+// rows whose max moved, without S again or a barrier. The score hook (softcap, ALiBi) runs on S
+// before all of this; dropout (dropout.h) zeroes weights of P after the row sums have taken them,
+// and O is scaled by 1 / (1 - p) where it is normalized. Key blocks that none of a consumer's rows
+// can see are skipped by that consumer alone. A piece of a split tile (fwd_tail_split.h) runs its
+// own key blocks and leaves its state; the CTA whose piece finishes a tile merges and stores it
+// once its own pieces are done (few-row tiles: all consumer threads together, without the
+// epilogue). In a variable-length batch the mask is the tile's sequence's (seq_view.h).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -103,7 +101,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
     return fwd_split_few_rows(rows, Traits::kHeadDimV, Traits::kConsumers);
   };
 
-  const MmaTurns<Traits::kConsumers> turns{consumer};
+  const MmaTurns<Traits::kTakesTurns ? Traits::kConsumers : 1> turns{consumer};
   turns.start();
   FwdEpilogue<Traits> epilogue(params, storage, consumer);
   // Pipeline positions: counts where the consumers' registers run out (kLeanState).
@@ -299,7 +297,7 @@ CUTE_DEVICE void consume_fwd(FwdParams<Traits> const& params, typename Traits::S
           if constexpr (kFp8) {
             // 8-bit: each row decides alone, and S is never needed again
             // (OnlineSoftmax::update_near_kept_max).
-            rescales = softmax.update_near_kept_max(acc_s_rc, correction, left);
+            rescales = softmax.template update_near_kept_max<!Traits::kTakesTurns>(acc_s_rc, correction, left);
             pipeline_k.consumer_release(k_state);
             ++k_state;
           } else {

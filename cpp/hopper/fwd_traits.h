@@ -73,6 +73,13 @@ struct FwdTraits {
   // positions as counts (pipeline_count.h), the tile's descales in shared memory, its
   // coordinates decoded again, the transposing lanes' constants read per block.
   static constexpr bool kLeanState = kTransposesV && consumer_regs(40) - kAccumulatorRegs < 32;
+  // Whether the consumers take turns issuing their GEMMs (MmaTurns, named_barriers.h). The
+  // 8-bit tile of two consumers with registers to spare (hd 128) does not: its consumers issue
+  // as soon as their operands are in, and search a row's max over eight running maxima
+  // (OnlineSoftmax::update_near_kept_max), 2-3 % faster from 2k keys on; at hd 64 (three
+  // consumers) and hd 256 (kLeanState: it spilled) both measured slower
+  // (benchmarks/results/README.md).
+  static constexpr bool kTakesTurns = !(kTransposesV && kConsumers == 2 && !kLeanState);
   // setmaxnreg: what the TMA warpgroup keeps (more where its warps also transpose V).
   static constexpr int kProducerRegs = !kTransposesV || kLeanState ? 24 : 40;
   // The rest of the CTA's allocation, shared by the consumers (a multiple of 8, at most 240).
