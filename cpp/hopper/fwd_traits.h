@@ -76,9 +76,8 @@ struct FwdTraits {
   // Whether the consumers take turns issuing their GEMMs (MmaTurns, named_barriers.h). The
   // 8-bit tile of two consumers with registers to spare (hd 128) does not: its consumers issue
   // as soon as their operands are in, and search a row's max over eight running maxima
-  // (OnlineSoftmax::update_near_kept_max), 2-3 % faster from 2k keys on; at hd 64 (three
-  // consumers) and hd 256 (kLeanState: it spilled) both measured slower
-  // (benchmarks/results/README.md).
+  // (OnlineSoftmax::update_near_kept_max); at hd 64 (three consumers) and hd 256 (kLeanState:
+  // it spilled) both measured slower (benchmarks/results/h200-fp8-free-issue.txt).
   static constexpr bool kTakesTurns = !(kTransposesV && kConsumers == 2 && !kLeanState);
   // setmaxnreg: what the TMA warpgroup keeps (more where its warps also transpose V).
   static constexpr int kProducerRegs = !kTransposesV || kLeanState ? 24 : 40;
